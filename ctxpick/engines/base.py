@@ -1,0 +1,35 @@
+"""The engine interface shared by mining, rollouts and evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+Chat = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    n: int = 1
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str | None = None
+    # Sampling logprob of each generated token, when SamplingConfig.logprobs is set.
+    logprobs: list[float] = field(default_factory=list)
+
+
+class Engine(Protocol):
+    def generate(self, chats: list[Chat], sampling: SamplingConfig) -> list[list[Completion]]:
+        """One list of ``sampling.n`` completions per chat, in order."""
+        ...

@@ -1,0 +1,91 @@
+"""A set of engine actors fed batches of prompts, busiest-first, with progress."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import ray
+
+from ctxpick.engines.base import Chat, Completion, SamplingConfig
+from ctxpick.engines.vllm_engine import start_engine_actor
+
+Progress = Callable[[int, int, float], None]
+
+
+def print_progress(label: str) -> Progress:
+    def report(done: int, total: int, elapsed: float) -> None:
+        rate = done / elapsed if elapsed > 0 else 0.0
+        print(f"  {label}: {done}/{total} prompts ({rate:.2f}/s)", flush=True)
+
+    return report
+
+
+class EnginePool:
+    def __init__(self, actors: list[ray.actor.ActorHandle]) -> None:
+        if not actors:
+            raise ValueError("EnginePool needs at least one actor")
+        self.actors = actors
+
+    @classmethod
+    def start(
+        cls,
+        model: str,
+        num_actors: int,
+        *,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        **engine_kwargs: object,
+    ) -> EnginePool:
+        return cls(
+            [
+                start_engine_actor(model, num_cpus=num_cpus, num_gpus=num_gpus, **engine_kwargs)
+                for _ in range(num_actors)
+            ]
+        )
+
+    def generate(
+        self,
+        chats: list[Chat],
+        sampling: SamplingConfig,
+        batch_size: int = 16,
+        progress: Progress | None = None,
+    ) -> list[list[Completion]]:
+        batches = [(i, chats[i : i + batch_size]) for i in range(0, len(chats), batch_size)]
+        results: list[list[Completion] | None] = [None] * len(chats)
+        idle = list(self.actors)
+        running: dict[ray.ObjectRef, tuple[int, int, ray.actor.ActorHandle]] = {}
+        t0, done = time.time(), 0
+        while batches or running:
+            while batches and idle:
+                start, batch = batches.pop(0)
+                actor = idle.pop()
+                running[actor.generate.remote(batch, sampling)] = (start, len(batch), actor)
+            ready, _ = ray.wait(list(running), num_returns=1)
+            start, n, actor = running.pop(ready[0])
+            results[start : start + n] = ray.get(ready[0])
+            idle.append(actor)
+            done += n
+            if progress:
+                progress(done, len(chats), time.time() - t0)
+        return results  # type: ignore[return-value]
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Join ``address`` (a running cluster, or ``auto`` under ``ray job submit``) or start a
+    local one bound to loopback."""
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+        )

@@ -1,0 +1,1 @@
+"""Evaluation: pipelines over datasets, baselines, reports."""

@@ -1,0 +1,1 @@
+"""Chunking, BM25 / dense retrieval and candidate pools."""

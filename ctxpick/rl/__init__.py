@@ -1,0 +1,1 @@
+"""RL: DeepSpeed learners (GRPO lands here)."""

@@ -1,0 +1,59 @@
+import subprocess
+import sys
+
+import pytest
+from conftest import SAMPLES
+
+from ctxpick.config import ConfigError, compose
+from ctxpick.judge.rules import abstains, contains_answer, exact_match, rule_judge, token_f1
+
+
+def test_demo_config_composes():
+    cfg = compose(["experiment=demo"])
+    assert cfg.model.name == "smollm2-135m"
+    assert cfg.mining.pool.query == "question_answer" and cfg.retrieval.pool.query == "question"
+    assert all(s.resolved_path().is_file() for s in cfg.data.sources)
+    assert compose(["stage=stage2"]).stage.redundancy_margin < compose([]).stage.redundancy_margin
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+retrieval.pool.kk=3", "Key 'kk' not in 'PoolConfig'"),
+        ("retrieval.pool.k=0", "'retrieval': pool k must be positive"),
+        ("stage.gamma=lots", "could not be converted"),
+        ("retrieval.chunking.method=paragraph", "chunking.method"),
+        ("data.sources.0.format=csv", "unknown format 'csv'"),
+        ("wandb.mode=cloud", "wandb.mode"),
+    ],
+)
+def test_bad_config_fails_at_start(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        compose([override])
+
+
+def test_cli_reports_bad_config_and_data_stats():
+    run = [sys.executable, "-m", "ctxpick.cli"]
+    bad = subprocess.run([*run, "config", "retrieval.pool.k=-2"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "pool k must be positive" in bad.stderr
+    stats = subprocess.run(
+        [*run, "data", "stats", str(SAMPLES / "musique_30.jsonl"), "--format", "musique"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "questions       30" in stats.stdout and "gold units/q" in stats.stdout
+
+
+def test_judge_rules():
+    assert exact_match("The Beatles!", ["beatles"])
+    assert not exact_match("Beatles band", ["beatles"])
+    assert contains_answer("It was the Beatles band", ["Beatles"])
+    assert not contains_answer("Beatlesque", ["Beatles"])
+    assert token_f1("new york city", ["New York"]) == pytest.approx(0.8)
+    assert token_f1("", ["x"]) == 0.0
+    assert abstains("The passages do not mention it") and abstains("Not mentioned.")
+    assert rule_judge("not mentioned", ["Not mentioned in the conversation"], unanswerable=True)
+    assert not rule_judge("Paris", ["x"], unanswerable=True)
+    assert not rule_judge("not mentioned", ["Paris"])
+    assert rule_judge("2022", ["2022"])
