@@ -15,6 +15,7 @@ USAGE = """usage: ctxpick COMMAND [ARGS]
 
 pipeline (Hydra apps over conf/; pass key=value overrides):
   demo                 load -> chunk -> pools -> generate -> judge on the bundled sample
+  mine                 mine minimal sufficient evidence sets (a resumable Ray job)
   config               print the composed, validated config
 
 utilities:
@@ -71,6 +72,12 @@ def _data(argv: list[str]) -> None:
     print(compute_stats(res, args.show_rejects).render())
 
 
+def _mine(cfg: Config) -> None:
+    from ctxpick.mining.run import run_mining
+
+    run_mining(cfg)
+
+
 def _models(argv: list[str]) -> None:
     from ctxpick.engines.models import BUILTINS, prepare, prepared_path
 
@@ -88,7 +95,11 @@ def _models(argv: list[str]) -> None:
             print(f"{alias:22s} {BUILTINS[alias].hf_name:40s} {state}: {path}")
 
 
-HYDRA_COMMANDS: dict[str, Callable[[Config], object]] = {"demo": _demo, "config": _print_config}
+HYDRA_COMMANDS: dict[str, Callable[[Config], object]] = {
+    "demo": _demo,
+    "mine": _mine,
+    "config": _print_config,
+}
 UTILITIES = {"data": _data, "models": _models}
 
 

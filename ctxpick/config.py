@@ -10,6 +10,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ctxpick.engines.http_engine import HTTPEngineConfig
+from ctxpick.judge.judges import JudgeConfig
+from ctxpick.mining.rewrites import DEFAULT_REWRITE_SYSTEM
 from ctxpick.retrieval.chunking import ChunkingConfig
 from ctxpick.retrieval.pools import PoolConfig
 
@@ -42,8 +45,15 @@ class DataConfig:
         default_factory=lambda: [DataSource("sample:hotpotqa_distractor_30.jsonl", "hotpotqa")]
     )
     strict: bool = False
+    # Shorthand for one file: `data.path=FILE data.format=NAME data.limit=N` replaces sources.
+    path: str | None = None
+    format: str = "auto"
+    limit: int | None = None
 
     def __post_init__(self) -> None:
+        if self.path:
+            self.sources = [DataSource(self.path, self.format, self.limit)]
+            self.name = Path(self.path).stem
         if not self.sources:
             raise ValueError("data.sources is empty: name at least one file")
         from ctxpick.data.loaders import FORMATS
@@ -73,7 +83,13 @@ class EngineConfig:
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m"
+    backend: str = "vllm"  # vllm: engines in Ray actors; http: an OpenAI-compatible endpoint
     engine: EngineConfig = field(default_factory=EngineConfig)
+    http: HTTPEngineConfig = field(default_factory=HTTPEngineConfig)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("vllm", "http"):
+            raise ValueError(f"model.backend must be vllm or http, not {self.backend!r}")
 
 
 @dataclass
@@ -94,8 +110,34 @@ class RetrievalConfig:
 
 
 @dataclass
+class RewriteConfig:
+    k: int = 5
+    temperature: float = 0.7
+    system: str = DEFAULT_REWRITE_SYSTEM
+
+    def __post_init__(self) -> None:
+        if self.k < 0 or self.temperature < 0:
+            raise ValueError("rewrites need k >= 0 and temperature >= 0")
+
+
+@dataclass
 class MiningConfig:
     pool: PoolConfig = field(default_factory=lambda: PoolConfig(query="question_answer"))
+    miner: str = "fast"  # fast | reference (the paper's Algorithm 1)
+    examples_per_task: int = 1  # examples per actor call: what a dead actor's replacement redoes
+    rewrites: RewriteConfig = field(default_factory=RewriteConfig)
+    split_ratios: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
+
+    def __post_init__(self) -> None:
+        if self.miner not in ("fast", "reference"):
+            raise ValueError(f"mining.miner must be fast or reference, not {self.miner!r}")
+        if self.examples_per_task < 1:
+            raise ValueError("mining.examples_per_task must be >= 1")
+        r = self.split_ratios
+        if len(r) != 3 or min(r) < 0 or abs(sum(r) - 1) > 1e-6:
+            raise ValueError(
+                f"mining.split_ratios must be 3 non-negative numbers summing to 1: {r}"
+            )
 
 
 @dataclass
@@ -143,6 +185,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     mining: MiningConfig = field(default_factory=MiningConfig)
     stage: StageConfig = field(default_factory=StageConfig)
@@ -158,6 +201,8 @@ def validate(cfg: DictConfig | dict[str, Any]) -> Config:
     raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
     raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"]) if "hydra" in raw else raw
     try:
+        # Untyped first: a key appended with `+` onto a typed node must still be refused.
+        raw = OmegaConf.create(OmegaConf.to_container(raw, resolve=True))
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
     except OmegaConfBaseException as err:
         raise ConfigError(f"invalid config: {err}") from None
@@ -174,6 +219,23 @@ def compose(overrides: list[str] | None = None, config_name: str = "config") -> 
     """Compose ``conf/`` with Hydra overrides outside a Hydra app (library use, tests)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(hydra_compose(config_name=config_name, overrides=overrides or []))
+        try:
+            raw = hydra_compose(config_name=config_name, overrides=overrides or [])
+        except HydraException as err:
+            cause = f" ({err.__cause__})" if err.__cause__ else ""
+            raise ConfigError(f"invalid config: {err}{cause}") from None
+    return validate(raw)
+
+
+def _register_schema() -> None:
+    # conf/config.yaml lists this schema first in its defaults, so Hydra knows every typed key:
+    # any of them can be overridden from the command line, and a misspelt one is refused.
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="ctxpick_schema", node=Config)
+
+
+_register_schema()

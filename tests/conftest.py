@@ -7,6 +7,9 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray rewrites 127.0.0.1 to the machine's "remotely reachable" address unless told it runs on
+# one host; tests must only ever use loopback. Set before anything imports ray.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -19,22 +22,27 @@ needs_shared = pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray cluster for the whole session, bound to loopback."""
+    """One simulated two-node Ray cluster for the whole session, every service on loopback.
+    CPUs are logical: the shared engine, a learner and a job's actors may coexist."""
     import ray
+    from ray.cluster_utils import Cluster
 
-    from ctxpick.engines.ray_pool import init_ray
-
-    # Logical CPUs: the engine, a learner and the demo engine may coexist in one session.
-    init_ray(num_cpus=4)
-    yield ray
+    node = {"num_cpus": 3, "node_ip_address": "127.0.0.1", "object_store_memory": 300 << 20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster.add_node(**node)
+    ray.init(address=cluster.address)
+    yield cluster
     ray.shutdown()
+    cluster.shutdown()
 
 
 @pytest.fixture(scope="session")
 def engine_actor(ray_cluster):
     """One real vLLM engine (built-in SmolLM2) in a Ray actor, shared by every test."""
+    import ray
+
     from ctxpick.engines.vllm_engine import start_engine_actor
 
     actor = start_engine_actor("smollm2-135m", num_cpus=1, max_model_len=4096, cpu_kv_cache_gb=2)
     yield actor
-    ray_cluster.kill(actor)
+    ray.kill(actor)

@@ -412,3 +412,23 @@ def load_examples(
             for r in result.rejects:
                 fh.write(json.dumps(r.to_dict()) + "\n")
     return result
+
+
+def load_sources(
+    sources: list[Any], strict: bool, rejects_path: Path | None = None
+) -> list[Example]:
+    """Load every configured source (``ctxpick.config.DataSource``), reporting counts."""
+    examples: list[Example] = []
+    for src in sources:
+        res = load_examples(
+            src.resolved_path(),
+            src.format,
+            strict=strict,
+            limit=src.limit,
+            rejects_path=rejects_path,
+        )
+        print(
+            f"  {src.path}: {len(res.examples)} questions, {len(res.rejects)} rejects", flush=True
+        )
+        examples += res.examples
+    return examples

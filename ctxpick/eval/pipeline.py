@@ -9,34 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
-from ctxpick.config import Config, DataSource
-from ctxpick.data.loaders import load_examples
-from ctxpick.data.schema import Example, Pool
+from ctxpick.config import Config
+from ctxpick.data.loaders import load_sources
+from ctxpick.data.schema import Pool
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.prompts import answer_chat
 from ctxpick.engines.ray_pool import EnginePool, init_ray, print_progress
 from ctxpick.judge.rules import rule_judge, token_f1
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
-
-
-def load_sources(
-    sources: list[DataSource], strict: bool, rejects_path: Path | None = None
-) -> list[Example]:
-    examples: list[Example] = []
-    for src in sources:
-        res = load_examples(
-            src.resolved_path(),
-            src.format,
-            strict=strict,
-            limit=src.limit,
-            rejects_path=rejects_path,
-        )
-        print(
-            f"  {src.path}: {len(res.examples)} questions, {len(res.rejects)} rejects", flush=True
-        )
-        examples += res.examples
-    return examples
+from ctxpick.table import markdown_table
 
 
 @dataclass
@@ -78,13 +60,7 @@ class Row:
 
 
 def render_table(rows: list[Row]) -> str:
-    table = [list(Row.HEADER)] + [r.cells() for r in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(Row.HEADER))]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in table
-    ]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table([list(Row.HEADER)] + [r.cells() for r in rows])
 
 
 def _recall(pools: list[Pool]) -> float | None:
