@@ -47,7 +47,7 @@ def test_wrong_on_full_pool_is_discarded_after_one_call(miner):
     assert not res.kept and res.reason == "wrong on full pool" and res.calls == res.prompts == 1
 
 
-def test_fast_miner_needs_fewer_calls_and_prompts():
+def test_fast_miner_needs_far_fewer_generator_calls():
     calls, prompts = {}, {}
     for miner in MINERS:
         calls[miner] = prompts[miner] = 0
@@ -58,7 +58,9 @@ def test_fast_miner_needs_fewer_calls_and_prompts():
             calls[miner] += res.calls
             prompts[miner] += res.prompts
     assert calls["reference"] == prompts["reference"]  # Algorithm 1: one prompt per call
-    assert calls["fast"] * 2 <= calls["reference"] and prompts["fast"] < prompts["reference"]
+    # The fast miner sends more (but prefix-cached) prompts in far fewer batched calls; its
+    # wall time is measured in benchmarks/bench_mining.py.
+    assert calls["fast"] * 2 <= calls["reference"]
 
 
 class CountingEngine:
@@ -88,6 +90,7 @@ def test_cascade_asks_the_llm_only_when_rules_cannot_decide_and_caches():
     llm_only = Judge(JudgeConfig(mode="llm"), CountingEngine("INCORRECT"))
     assert llm_only(items[:1]) == [False]
     assert rule_verdict(items[2]) is None
+    assert rule_verdict(JudgeItem("q", ("New York City",), "York City, New"), 0.8)  # F1 = 1
     assert parse_verdict("CORRECT.") and not parse_verdict("INCORRECT") and not parse_verdict("")
     with pytest.raises(ValueError, match="needs an engine"):
         Judge(JudgeConfig(mode="llm"))

@@ -15,7 +15,8 @@ from ctxpick.data.schema import Pool
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.prompts import answer_chat
 from ctxpick.engines.ray_pool import EnginePool, init_ray, print_progress
-from ctxpick.judge.rules import rule_judge, token_f1
+from ctxpick.judge.judges import JudgeItem, make_judge
+from ctxpick.judge.rules import token_f1
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
 from ctxpick.table import markdown_table
@@ -98,21 +99,29 @@ def run_demo(cfg: Config) -> list[Row]:
         temperature=cfg.generator.temperature, max_tokens=cfg.generator.max_tokens, seed=cfg.seed
     )
     completions = engines.generate(chats, sampling, eng.batch_size, print_progress("generate"))
-    engines.shutdown()
+    preds = [c[0].text.strip() for c in completions]
 
-    print("[4/4] judging", flush=True)
+    print(f"[4/4] judging ({cfg.judge.mode})", flush=True)
+    judge = make_judge(cfg.judge, engines)
+    verdicts = judge(
+        [
+            JudgeItem(p.question, tuple(p.answers), pred, bool(p.meta.get("unanswerable")))
+            for p, pred in zip(mining_pools, preds, strict=True)
+        ]
+    )
+    engines.shutdown()
     by_dataset: dict[str, list[dict]] = defaultdict(list)
     with (out / "examples.jsonl").open("a", encoding="utf-8") as fh:
-        for pool, ipool, comp in zip(mining_pools, inference_pools, completions, strict=True):
-            pred = comp[0].text.strip()
-            unanswerable = bool(pool.meta.get("unanswerable"))
+        for pool, ipool, comp, pred, ok in zip(
+            mining_pools, inference_pools, completions, preds, verdicts, strict=True
+        ):
             rec = {
                 "id": pool.example_id,
                 "dataset": pool.dataset,
                 "question": pool.question,
                 "answers": pool.answers,
                 "prediction": pred,
-                "correct": rule_judge(pred, pool.answers, unanswerable),
+                "correct": ok,
                 "f1": token_f1(pred, pool.answers),
                 "pool_size": len(pool.passages),
                 "prompt_tokens": comp[0].prompt_tokens,

@@ -20,7 +20,7 @@ import ray
 from ctxpick.data.schema import Pool
 from ctxpick.engines.base import Engine, SamplingConfig
 from ctxpick.engines.http_engine import HTTPEngine, HTTPEngineConfig
-from ctxpick.judge.judges import Judge, JudgeConfig
+from ctxpick.judge.judges import JudgeConfig, make_judge
 from ctxpick.mining.miners import MINERS, GeneratorOracle
 from ctxpick.mining.rewrites import assign_split, make_rewrites
 
@@ -53,8 +53,7 @@ class MiningWorker:
             from ctxpick.engines.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(spec.model, seed=spec.seed, **spec.engine_kwargs)
-        judge_engine = HTTPEngine(spec.judge.http) if spec.judge.engine == "http" else self.engine
-        self.judge = Judge(spec.judge, None if spec.judge.mode == "rules" else judge_engine)
+        self.judge = make_judge(spec.judge, self.engine)
 
     def ready(self) -> bool:
         return True

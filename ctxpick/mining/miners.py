@@ -6,10 +6,11 @@ answer the judge accepts?" for a batch of subsets. Both miners return a set that
 keep at least one passage).
 
 ``mine_reference`` is the paper's Algorithm 1 verbatim: one generator call at a time.
-``mine_fast`` reaches the same guarantee with far fewer generator calls: after the full pool
-it binary-searches the shortest passing prefix of the ranked pool, then certifies with rounds
-that put all leave-one-out subsets in one batched call, dropping every removable passage at once
-when that group removal still passes.
+``mine_fast`` reaches the same guarantee with far fewer generator calls and tokens: it finds
+the needed passages one per batched call, lowest-ranked first, by testing every ranked prefix
+(plus the passages already found) at once; those prompts share the full-pool prompt's prefix,
+so vLLM's prefix cache serves most of their tokens. A final batched round of leave-one-out
+subsets certifies the set (and repairs it if the generator is not monotone).
 """
 
 from __future__ import annotations
@@ -80,19 +81,32 @@ def mine_fast(oracle: Oracle, n: int) -> MineResult:
     t0 = time.time()
     if not oracle.check([tuple(range(n))])[0]:  # alone: a discard costs one call
         return _result(False, (), oracle, 1, t0, "wrong on full pool")
-    # Binary search for the shortest passing prefix of the ranked pool. Each probe is a prefix
-    # of the full-pool prompt, so the engine's prefix cache makes it nearly free.
-    lo, hi, rounds = 0, n, 1
-    while hi - lo > 1:
-        mid, rounds = (lo + hi) // 2, rounds + 1
-        lo, hi = (lo, mid) if oracle.check([tuple(range(mid))])[0] else (mid, hi)
-    selected = tuple(range(hi))
+    # Find needed passages one at a time, lowest-ranked first: the shortest ranked prefix that
+    # passes together with the passages already required ends in a passage that is needed.
+    # All prefixes go in one batched call; each shares the full-pool prompt's prefix, so the
+    # engine's prefix cache makes them cheap.
+    required: list[int] = []
+    hi, rounds = n, 1
+    while hi > 0:
+        lengths = list(range(0 if required else 1, hi))
+        trials = [tuple(sorted({*range(j), *required})) for j in lengths]
+        verdicts = oracle.check(trials) if trials else []
+        rounds += 1
+        passing = [j for j, ok in zip(lengths, verdicts, strict=True) if ok]
+        if required and passing and passing[0] == 0:
+            break  # the required passages suffice on their own
+        shortest = passing[0] if passing else hi  # prefix(hi) + required is known to pass
+        required.append(shortest - 1)
+        hi = shortest - 1
+    selected = tuple(sorted(required))
+    # Certify: every single removal must flip the verdict. With a non-monotone generator a
+    # removal can still pass; drop what passes (all at once when that passes too) and re-certify.
     while len(selected) > 1:
         rounds += 1
         ok = oracle.check([_without(selected, [p]) for p in selected])
         removable = [p for p, v in zip(selected, ok, strict=True) if v]
         if not removable:
-            break  # certified: every single removal flips the judged answer
+            break
         group = _without(selected, removable)
         if len(removable) > 1 and group and oracle.check([group])[0]:
             selected = group
