@@ -16,6 +16,7 @@ USAGE = """usage: ctxpick COMMAND [ARGS]
 pipeline (Hydra apps over conf/; pass key=value overrides):
   demo                 load -> chunk -> pools -> generate -> judge on the bundled sample
   mine                 mine minimal sufficient evidence sets (a resumable Ray job)
+  train                train the picker: stage=warmup | stage1 | stage2 (resumable Ray job)
   config               print the composed, validated config
 
 utilities:
@@ -32,10 +33,9 @@ def _hydra_app(name: str, task: Callable[[Config], object], overrides: list[str]
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def app(raw: DictConfig) -> None:
         try:
-            cfg = validate(raw)
+            task(validate(raw))
         except ConfigError as err:
             sys.exit(f"ctxpick {name}: {err}")
-        task(cfg)
 
     sys.argv = [f"ctxpick {name}", *overrides]
     app()
@@ -78,6 +78,12 @@ def _mine(cfg: Config) -> None:
     run_mining(cfg)
 
 
+def _train(cfg: Config) -> None:
+    from ctxpick.rl.trainer import train
+
+    train(cfg)
+
+
 def _models(argv: list[str]) -> None:
     from ctxpick.engines.models import BUILTINS, prepare, prepared_path
 
@@ -98,6 +104,7 @@ def _models(argv: list[str]) -> None:
 HYDRA_COMMANDS: dict[str, Callable[[Config], object]] = {
     "demo": _demo,
     "mine": _mine,
+    "train": _train,
     "config": _print_config,
 }
 UTILITIES = {"data": _data, "models": _models}

@@ -15,6 +15,8 @@ from ctxpick.judge.judges import JudgeConfig
 from ctxpick.mining.rewrites import DEFAULT_REWRITE_SYSTEM
 from ctxpick.retrieval.chunking import ChunkingConfig
 from ctxpick.retrieval.pools import PoolConfig
+from ctxpick.rewards.reward import EQ8_READINGS
+from ctxpick.rl.learner import LearnerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -143,6 +145,10 @@ class MiningConfig:
 @dataclass
 class StageConfig:
     name: str = "stage1"
+    # grpo: the paper's RL stages. sft: an explicit, optional warm start on the mined sets for
+    # small models that cannot yet produce the output format (see README); off for large models.
+    kind: str = "grpo"
+    instruction: str = ""  # the stage's picker prompt (empty: picker.instruction)
     # Redundancy margin: how many passages beyond |S_gold| a selection may hold before it earns
     # no reward (paper: loose in Stage I, tight in Stage II).
     redundancy_margin: int = 3
@@ -150,18 +156,71 @@ class StageConfig:
     group_size: int = 8
     lr: float = 1e-6
     max_steps: int = 100
-    patience: int = 5
-    init_from: str | None = None
+    patience: int = 5  # validations without improvement before the stage stops
+    init_from: str | None = None  # an HF folder (e.g. the previous stage's final/)
 
     def __post_init__(self) -> None:
+        if self.kind not in ("grpo", "sft"):
+            raise ValueError(f"stage.kind must be grpo or sft, not {self.kind!r}")
         if self.redundancy_margin < 0:
             raise ValueError("stage.redundancy_margin must be >= 0")
         if not 0 <= self.gamma <= 1:
             raise ValueError("stage.gamma must be in [0, 1]")
-        if self.group_size < 2:
+        if self.group_size < 2 and self.kind == "grpo":
             raise ValueError("stage.group_size must be >= 2 (GRPO normalises within a group)")
         if self.lr <= 0 or self.max_steps <= 0 or self.patience <= 0:
             raise ValueError("stage needs lr > 0, max_steps > 0, patience > 0")
+
+
+@dataclass
+class PickerConfig:
+    model: str = "smollm2-135m"  # the policy: a built-in alias, a folder or an HF id
+    instruction: str = ""  # the inference prompt
+    max_passages: int = 10  # candidates shown to the picker
+    max_passage_words: int = 80  # each cut to this many words in the picker's prompt
+    max_tokens: int = 96
+    temperature: float = 1.0  # rollout sampling temperature
+    constrained: bool = False  # constrain rollouts to the output format (vLLM structured outputs)
+
+    def __post_init__(self) -> None:
+        if self.max_passages < 1 or self.max_passage_words < 1 or self.max_tokens < 8:
+            raise ValueError(
+                "picker needs max_passages >= 1, max_passage_words >= 1, max_tokens >= 8"
+            )
+
+
+@dataclass
+class RewardConfig:
+    eq8: str = "described"  # described | printed: the two readings of the paper's Eq. 8
+    format_penalty: float = -1.0
+    timeout_s: float = 30.0  # per request; a late request gets `fallback` and is logged
+    fallback: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.eq8 not in EQ8_READINGS:
+            raise ValueError(f"rewards.eq8 must be one of {EQ8_READINGS}, not {self.eq8!r}")
+        if self.timeout_s <= 0:
+            raise ValueError("rewards.timeout_s must be > 0")
+
+
+@dataclass
+class RLConfig:
+    mined: str = ""  # the mined dataset (mined.jsonl from `ctxpick mine`)
+    prompts_per_step: int = 4  # prompts per step; a step trains on prompts x group_size samples
+    rollout: EngineConfig = field(default_factory=EngineConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    save_every: int = 10
+    keep_checkpoints: int = 1
+    val_every: int = 5
+    val_size: int = 16  # validation prompts (greedy) per evaluation
+    bucket_mb: int = 256  # weight-sync bucket size
+    samples_logged: int = 4  # rationales per step in the W&B table
+
+    def __post_init__(self) -> None:
+        if min(self.prompts_per_step, self.save_every, self.val_every, self.keep_checkpoints) < 1:
+            raise ValueError(
+                "rl needs prompts_per_step, save_every, keep_checkpoints, val_every >= 1"
+            )
 
 
 @dataclass
@@ -189,10 +248,24 @@ class Config:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     mining: MiningConfig = field(default_factory=MiningConfig)
     stage: StageConfig = field(default_factory=StageConfig)
+    picker: PickerConfig = field(default_factory=PickerConfig)
+    rewards: RewardConfig = field(default_factory=RewardConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 0
     output_dir: str = "outputs/run"
+
+
+def _cross_checks(cfg: Config) -> None:
+    """Constraints between sections, checked before any actor starts."""
+    rl, stage = cfg.rl, cfg.stage
+    per_step = rl.prompts_per_step * (stage.group_size if stage.kind == "grpo" else 1)
+    if per_step % rl.learner.num_actors:
+        raise ConfigError(
+            f"invalid config: rl.prompts_per_step x stage.group_size = {per_step} sequences per "
+            f"step do not split over rl.learner.num_actors = {rl.learner.num_actors}"
+        )
 
 
 def validate(cfg: DictConfig | dict[str, Any]) -> Config:
@@ -212,7 +285,9 @@ def validate(cfg: DictConfig | dict[str, Any]) -> Config:
             OmegaConf.to_object(merged[name]) if OmegaConf.is_config(merged[name]) else None
         except (OmegaConfBaseException, ValueError) as err:
             raise ConfigError(f"invalid config in '{name}': {err}") from None
-    return OmegaConf.to_object(merged)
+    out = OmegaConf.to_object(merged)
+    _cross_checks(out)
+    return out
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "config") -> Config:

@@ -19,9 +19,22 @@ class Tracker:
 
         self.run = wandb.init(project=project, mode=mode, dir=run_dir, name=name, config=config)
 
-    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        if self.run is not None:
-            self.run.log(metrics, step=step)
+    def log(
+        self,
+        metrics: dict[str, Any],
+        step: int | None = None,
+        tables: dict[str, tuple[list[str], list[list[Any]]]] | None = None,
+    ) -> None:
+        """``tables``: name -> (columns, rows), logged as W&B tables at the same step."""
+        if self.run is None:
+            return
+        if tables:
+            import wandb
+
+            metrics = metrics | {
+                name: wandb.Table(columns=cols, data=rows) for name, (cols, rows) in tables.items()
+            }
+        self.run.log(metrics, step=step)
 
     def summary(self, metrics: dict[str, Any]) -> None:
         if self.run is not None:

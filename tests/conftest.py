@@ -7,9 +7,6 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Ray rewrites 127.0.0.1 to the machine's "remotely reachable" address unless told it runs on
-# one host; tests must only ever use loopback. Set before anything imports ray.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -27,6 +24,9 @@ def ray_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    from ctxpick.engines.ray_pool import use_loopback
+
+    use_loopback()  # tests only ever use 127.0.0.1
     node = {"num_cpus": 3, "node_ip_address": "127.0.0.1", "object_store_memory": 300 << 20}
     cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     cluster.add_node(**node)

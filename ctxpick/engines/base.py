@@ -16,7 +16,8 @@ class SamplingConfig:
     n: int = 1
     seed: int = 0
     stop: tuple[str, ...] = ()
-    logprobs: bool = False
+    logprobs: bool = False  # also return sampling logprobs and the prompt's token ids
+    regex: str | None = None  # constrain the output to this regex (vLLM structured outputs)
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Completion:
     finish_reason: str | None = None
     # Sampling logprob of each generated token, when SamplingConfig.logprobs is set.
     logprobs: list[float] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)  # when SamplingConfig.logprobs
 
 
 class Engine(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -35,14 +36,25 @@ class EnginePool:
         *,
         num_cpus: float = 1,
         num_gpus: float = 0,
+        wait: bool = True,
         **engine_kwargs: object,
     ) -> EnginePool:
         return cls(
             [
-                start_engine_actor(model, num_cpus=num_cpus, num_gpus=num_gpus, **engine_kwargs)
+                start_engine_actor(
+                    model, num_cpus=num_cpus, num_gpus=num_gpus, wait=wait, **engine_kwargs
+                )
                 for _ in range(num_actors)
             ]
         )
+
+    def ready(self) -> None:
+        ray.get([a.ready.remote() for a in self.actors])
+
+    def load_weights(self, buckets: ray.ObjectRef) -> float:
+        """Every engine loads the same weight buckets (an object ref: fetched once per node);
+        returns the slowest engine's seconds."""
+        return max(ray.get([a.load_weights.remote(buckets) for a in self.actors]))
 
     def generate(
         self,
@@ -75,6 +87,17 @@ class EnginePool:
             ray.kill(actor)
 
 
+def use_loopback() -> None:
+    """Keep a single-machine Ray cluster on 127.0.0.1. Ray otherwise rewrites loopback to the
+    machine's "remotely reachable" address. It reads the switch when a process imports it:
+    the environment covers the nodes and workers started later, and this process, which has
+    imported Ray already, gets the constant itself. Call before ``ray.init`` or node start."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join ``address`` (a running cluster, or ``auto`` under ``ray job submit``) or start a
     local one bound to loopback."""
@@ -83,6 +106,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address)
     else:
+        use_loopback()
         ray.init(
             address="local",
             num_cpus=num_cpus,

@@ -15,6 +15,13 @@ from ctxpick.engines.models import resolve
 log = logging.getLogger(__name__)
 
 
+def chat_prompt_ids(tokenizer: Any, chat: Chat) -> list[int]:
+    """The one way a chat becomes prompt token ids (engine and learner alike). Templated as
+    text first: the template already holds the special tokens, so encoding adds none."""
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 class VLLMEngine:
     """A vLLM ``LLM`` with prefix caching; prompts are chat-templated here so every caller
     (and the learner) sees the same token ids."""
@@ -29,6 +36,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.85,
         cpu_kv_cache_gb: int = 4,
         enforce_eager: bool = True,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         # Must be set before vllm is imported: the KV-cache size on CPU comes from the env.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))
@@ -44,6 +52,9 @@ class VLLMEngine:
             enable_prefix_caching=True,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
+            # Rollout workers ask for "processed_logprobs": the distribution actually sampled
+            # (temperature, constrained-decoding mask), which importance correction needs.
+            logprobs_mode=logprobs_mode,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = max_model_len
@@ -54,12 +65,12 @@ class VLLMEngine:
         return {"model": self.model_path, "load_seconds": self.load_seconds}
 
     def prompt_ids(self, chat: Chat) -> list[int]:
-        text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return chat_prompt_ids(self.tokenizer, chat)
 
     def generate(self, chats: list[Chat], sampling: SamplingConfig) -> list[list[Completion]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import StructuredOutputsParams
 
         params = SamplingParams(
             n=sampling.n,
@@ -69,6 +80,9 @@ class VLLMEngine:
             seed=sampling.seed,
             stop=list(sampling.stop) or None,
             logprobs=0 if sampling.logprobs else None,
+            structured_outputs=StructuredOutputsParams(regex=sampling.regex)
+            if sampling.regex
+            else None,
         )
         prompts = []
         for chat in chats:
@@ -86,6 +100,7 @@ class VLLMEngine:
                     text=c.text,
                     token_ids=list(c.token_ids),
                     prompt_tokens=len(out.prompt_token_ids),
+                    prompt_token_ids=list(out.prompt_token_ids) if sampling.logprobs else [],
                     finish_reason=c.finish_reason,
                     logprobs=[
                         lp[tid].logprob
@@ -97,23 +112,55 @@ class VLLMEngine:
             for out in outputs
         ]
 
+    def load_weights(self, buckets: list[bytes]) -> float:
+        """Replace the weights in place with the learner's safetensors ``buckets`` (see
+        :meth:`ctxpick.rl.learner.Learner.weight_buckets`); returns the seconds it took.
+        Blobs are written to /dev/shm and reloaded from there: tensors cannot be passed as
+        ``collective_rpc`` arguments."""
+        import shutil
+        import tempfile
 
-def start_engine_actor(
-    model: str, *, num_cpus: float = 1, num_gpus: float = 0, **engine_kwargs: Any
-) -> ray.actor.ActorHandle:
-    """Start a :class:`VLLMEngine` in a Ray actor and wait until the model is loaded."""
-    env: dict[str, str] = {}
+        t0 = time.time()
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        folder = tempfile.mkdtemp(prefix="ctxpick-sync-", dir=root)
+        try:
+            for i, blob in enumerate(buckets):
+                with open(os.path.join(folder, f"model-{i:05d}.safetensors"), "wb") as fh:
+                    fh.write(blob)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+            self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return time.time() - t0
+
+
+def engine_actor_env(num_cpus: float, num_gpus: float) -> dict[str, str]:
+    """Environment of an actor that hosts a vLLM engine."""
+    env = {"VLLM_LOGGING_LEVEL": "WARNING"}  # progress lines, not per-load INFO chatter
     if num_gpus == 0:
         # In-process engine core (no extra process per actor), and as many OpenMP threads as
         # CPUs the actor holds: Ray would otherwise pin it to one thread.
-        env = {
+        env |= {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "OMP_NUM_THREADS": str(max(1, int(num_cpus))),
         }
+    return env
+
+
+def start_engine_actor(
+    model: str, *, num_cpus: float = 1, num_gpus: float = 0, wait: bool = True, **engine_kwargs: Any
+) -> ray.actor.ActorHandle:
+    """Start a :class:`VLLMEngine` in a Ray actor; with ``wait``, return once it is loaded
+    (otherwise the first call waits, and other actors can load meanwhile)."""
     actor = (
         ray.remote(VLLMEngine)
-        .options(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env={"env_vars": env})
+        .options(
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            runtime_env={"env_vars": engine_actor_env(num_cpus, num_gpus)},
+        )
         .remote(model, **engine_kwargs)
     )
-    ray.get(actor.ready.remote())
+    if wait:
+        ray.get(actor.ready.remote())
     return actor

@@ -20,6 +20,7 @@ import ray
 from ctxpick.data.schema import Pool
 from ctxpick.engines.base import Engine, SamplingConfig
 from ctxpick.engines.http_engine import HTTPEngine, HTTPEngineConfig
+from ctxpick.engines.vllm_engine import engine_actor_env
 from ctxpick.judge.judges import JudgeConfig, make_judge
 from ctxpick.mining.miners import MINERS, GeneratorOracle
 from ctxpick.mining.rewrites import assign_split, make_rewrites
@@ -215,12 +216,11 @@ def mine_pools(
     if not queue:
         return read_done(mined_path)
 
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(max(1, int(num_cpus)))}
     options = {
         "num_cpus": num_cpus,
         "num_gpus": num_gpus,
         "scheduling_strategy": "SPREAD",  # one engine per node/GPU before doubling up
-        "runtime_env": {"env_vars": env if num_gpus == 0 else {}},
+        "runtime_env": {"env_vars": engine_actor_env(num_cpus, num_gpus)},
         "max_restarts": 0,  # the driver replaces dead actors and redoes their examples
     }
     generation = 0

@@ -1,0 +1,74 @@
+"""Selection methods compared in evaluation. Each turns a retrieved question into the passages
+the generator will read; the token budget then caps what any of them may send.
+
+* ``none``       -- no retrieval: the generator answers from the question alone.
+* ``bm25``       -- Top-K by BM25 over the question, for each K in ``eval.topk``.
+* ``dense``      -- Top-K by cosine similarity of the bundled MiniLM embeddings.
+* ``adaptive``   -- the BM25 pool cut at its largest score gap (a classic adaptive cutoff).
+* ``full_pool``  -- the whole inference pool (BM25 top ``retrieval.pool.k``).
+* ``oracle``     -- the human gold evidence (datasets that annotate it).
+* ``picker``     -- each picker checkpoint in ``eval.pickers`` reading the inference pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ctxpick.data.schema import ChunkedExample, Passage
+from ctxpick.retrieval.bm25 import top_k
+
+METHODS = ("none", "bm25", "dense", "adaptive", "full_pool", "oracle", "picker")
+
+
+@dataclass
+class Retrieved:
+    """One evaluation question after chunking and scoring every passage."""
+
+    item: ChunkedExample
+    bm25: np.ndarray  # BM25 score of each passage for the question
+    pool: list[int]  # indices of the inference pool, best first
+    dense: np.ndarray | None = None  # cosine similarity, when dense methods run
+
+
+def top_passages(r: Retrieved, scores: np.ndarray, k: int) -> list[Passage]:
+    return [r.item.passages[i] for i in top_k(scores, k)]
+
+
+def largest_gap_cutoff(scores: Sequence[float], min_k: int = 1) -> int:
+    """How many of ``scores`` (sorted, best first) to keep: up to the largest drop between
+    neighbours, and at least ``min_k``."""
+    if len(scores) <= min_k:
+        return len(scores)
+    gaps = [scores[i] - scores[i + 1] for i in range(min_k - 1, len(scores) - 1)]
+    return min_k + int(np.argmax(gaps))
+
+
+def adaptive(r: Retrieved, min_k: int = 1) -> list[Passage]:
+    keep = largest_gap_cutoff([float(r.bm25[i]) for i in r.pool], min_k)
+    return [r.item.passages[i] for i in r.pool[:keep]]
+
+
+def oracle(r: Retrieved) -> list[Passage] | None:
+    gold = r.item.gold_pids
+    if gold is None:
+        return None
+    return [p for p in r.item.passages if p.pid in set(gold)]
+
+
+def apply_budget(
+    passages: list[Passage], budget: int | None, count: Callable[[Passage], int]
+) -> tuple[list[Passage], bool]:
+    """Keep passages in order while their tokens fit in ``budget``; True if any was cut."""
+    if budget is None:
+        return passages, False
+    kept, used = [], 0
+    for p in passages:
+        n = count(p)
+        if used + n > budget:
+            return kept, True
+        kept.append(p)
+        used += n
+    return kept, False

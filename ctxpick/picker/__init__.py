@@ -1,0 +1,1 @@
+"""The picker: its prompt/output format, its training examples and inference."""

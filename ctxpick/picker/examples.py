@@ -1,0 +1,100 @@
+"""Training/validation prompts for the picker, built from the mined dataset.
+
+Each kept question and each of its rewrites becomes one :class:`PickerExample`: the mining pool,
+cut to ``max_passages`` (every mined passage kept, then the best-ranked others) and shuffled
+with a per-example seed. Shuffling matters: the mining pool is ranked by BM25 over question +
+answer, so in ranked order "pick the top ones" would be a shortcut the inference pool lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctxpick.data.schema import Passage
+from ctxpick.picker.format import Pick
+
+
+@dataclass(frozen=True)
+class PickerExample:
+    id: str
+    source_id: str  # the original question's id (rewrites share it)
+    dataset: str
+    question: str
+    answers: tuple[str, ...]
+    passages: tuple[Passage, ...]
+    gold: tuple[int, ...]  # 1-based positions of the mined minimal set in ``passages``
+    split: str
+
+
+def truncate_words(text: str, max_words: int) -> str:
+    words = text.split()
+    return text if len(words) <= max_words else " ".join(words[:max_words]) + " ..."
+
+
+def _passage(p: dict[str, Any], max_words: int) -> Passage:
+    return Passage(p["pid"], 0, 0, 0, truncate_words(p["text"], max_words), p.get("title", ""))
+
+
+def examples_from_record(
+    rec: dict[str, Any], max_passages: int, max_words: int, seed: int
+) -> list[PickerExample]:
+    """The picker examples of one mined record (none if mining discarded it)."""
+    if not rec.get("kept"):
+        return []
+    gold_pids = list(rec["gold_minimal"])
+    if len(gold_pids) > max_passages:
+        raise ValueError(
+            f"record {rec['id']}: mined set of {len(gold_pids)} passages exceeds "
+            f"picker.max_passages={max_passages}"
+        )
+    others = [p for p in rec["pool"] if p["pid"] not in gold_pids]
+    chosen = [p for p in rec["pool"] if p["pid"] in gold_pids] + others
+    chosen = chosen[:max_passages]
+    out = []
+    for k, question in enumerate([rec["question"], *rec.get("rewrites", [])]):
+        order = list(chosen)
+        random.Random(f"{seed}:{rec['id']}:{k}").shuffle(order)
+        passages = tuple(_passage(p, max_words) for p in order)
+        gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in gold_pids))
+        out.append(
+            PickerExample(
+                id=rec["id"] if k == 0 else f"{rec['id']}#rw{k}",
+                source_id=rec["id"],
+                dataset=rec["dataset"],
+                question=question,
+                answers=tuple(rec["answers"]),
+                passages=passages,
+                gold=gold,
+                split=rec["split"],
+            )
+        )
+    return out
+
+
+def load_picker_examples(
+    mined_path: Path, max_passages: int, max_words: int, seed: int
+) -> dict[str, list[PickerExample]]:
+    """``{split: examples}`` from a ``mined.jsonl``, validation and test without rewrites: they
+    measure the picker on the original questions."""
+    splits: dict[str, list[PickerExample]] = {"train": [], "val": [], "test": []}
+    with Path(mined_path).open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{mined_path}: line {n}: not JSON ({err})") from None
+            exs = examples_from_record(rec, max_passages, max_words, seed)
+            if exs:
+                splits[rec["split"]].extend(exs if rec["split"] == "train" else exs[:1])
+    return splits
+
+
+def warm_start_pick(ex: PickerExample) -> Pick:
+    """The supervised target of the optional warm start: the mined set, with a rationale
+    built from the chosen passages' titles (no teacher model is needed)."""
+    parts = [f"[{i}] {ex.passages[i - 1].title or 'this passage'}" for i in ex.gold]
+    return Pick(f"The answer needs {', '.join(parts)}.", ex.gold)

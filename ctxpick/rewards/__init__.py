@@ -1,0 +1,1 @@
+"""Rewards for picker rollouts: set terms (coverage, redundancy margin, format) and the service."""

@@ -1,0 +1,335 @@
+"""One training stage (Stage I, Stage II, or the optional warm start) -- the paper's Algorithm 2.
+
+Orchestration only: rollouts come from vLLM workers (:mod:`ctxpick.rl.rollout`), rewards from
+the reward service (:mod:`ctxpick.rewards.service`), updates from DeepSpeed learners
+(:mod:`ctxpick.rl.learner`). Every step is logged to ``metrics.jsonl`` and W&B; every
+``rl.save_every`` steps a checkpoint holds the model, optimizer, scheduler, RNG, data cursor and
+step, and a re-run of the same command resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from ctxpick.config import Config, ConfigError
+from ctxpick.engines.base import SamplingConfig
+from ctxpick.engines.ray_pool import EnginePool, init_ray
+from ctxpick.engines.vllm_engine import chat_prompt_ids
+from ctxpick.picker.examples import PickerExample, load_picker_examples, warm_start_pick
+from ctxpick.picker.format import picker_chat, render_pick
+from ctxpick.rewards.reward import RewardSpec, RewardTerms
+from ctxpick.rewards.service import RewardClient
+from ctxpick.rl.grpo import group_advantages
+from ctxpick.rl.learner import LearnerGroup, TrainSequence
+from ctxpick.rl.rollout import Group, reward_requests, sample_groups, to_sequences
+from ctxpick.tracking import Tracker
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0
+    cursor: int = 0  # position in this epoch's shuffled order
+    best_val: float = -math.inf
+    bad_evals: int = 0
+    stop_reason: str = ""
+    val_history: list[dict[str, float]] = field(default_factory=list)
+
+
+class PromptStream:
+    """Seeded, reproducible batches: epoch e visits the examples in ``shuffle(seed, e)`` order;
+    a batch never straddles two epochs. The position lives in :class:`TrainState`."""
+
+    def __init__(self, examples: list[PickerExample], batch_size: int, seed: int) -> None:
+        if len(examples) < batch_size:
+            raise ConfigError(
+                f"{len(examples)} training prompts but rl.prompts_per_step={batch_size}: mine "
+                "more data or lower rl.prompts_per_step"
+            )
+        self.examples, self.batch_size, self.seed = examples, batch_size, seed
+
+    def next_batch(self, state: TrainState) -> list[PickerExample]:
+        if state.cursor + self.batch_size > len(self.examples):
+            state.epoch, state.cursor = state.epoch + 1, 0
+        order = list(range(len(self.examples)))
+        random.Random(f"{self.seed}:{state.epoch}").shuffle(order)
+        idx = order[state.cursor : state.cursor + self.batch_size]
+        state.cursor += self.batch_size
+        return [self.examples[i] for i in idx]
+
+
+class StepTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):  # noqa: ANN204 - a context manager
+        t0 = time.time()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
+
+
+class Run:
+    """The actors of one stage: rollout engines, learners and the reward service."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg, stage, rl = cfg, cfg.stage, cfg.rl
+        model = stage.init_from or cfg.picker.model
+        if stage.init_from and not (Path(stage.init_from) / "config.json").exists():
+            raise ConfigError(f"stage.init_from={stage.init_from} is not a model folder")
+        eng = rl.rollout
+        # Engines load while the learners initialise.
+        self.engines = EnginePool.start(
+            model,
+            eng.num_actors,
+            num_cpus=eng.num_cpus_per_actor,
+            num_gpus=eng.num_gpus_per_actor,
+            wait=False,
+            max_model_len=eng.max_model_len,
+            cpu_kv_cache_gb=eng.cpu_kv_cache_gb,
+            gpu_memory_utilization=eng.gpu_memory_utilization,
+            seed=cfg.seed,
+            logprobs_mode="processed_logprobs",
+        )
+        self.learners = LearnerGroup(rl.learner, stage.lr, init_from=stage.init_from)
+        self.engines.ready()
+        self.rewards = RewardClient(cfg.rewards.timeout_s, cfg.rewards.fallback)
+        from transformers import AutoTokenizer
+
+        from ctxpick.engines.models import resolve
+
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve(model))
+
+    def sync_weights(self) -> float:
+        buckets = self.learners.actors[0].weight_buckets.remote(self.cfg.rl.bucket_mb)
+        return self.engines.load_weights(buckets)
+
+    def shutdown(self) -> None:
+        self.engines.shutdown()
+        self.learners.shutdown()
+        self.rewards.shutdown()
+
+
+def _sampling(cfg: Config, step: int, greedy: bool = False) -> SamplingConfig:
+    return SamplingConfig(
+        temperature=0.0 if greedy else cfg.picker.temperature,
+        max_tokens=cfg.picker.max_tokens,
+        n=1 if greedy else cfg.stage.group_size,
+        seed=cfg.seed * 1_000_003 + step,  # fixed per step: a resumed step samples the same
+        logprobs=True,
+    )
+
+
+def _term_means(terms: list[RewardTerms]) -> dict[str, float]:
+    valid = [t for t in terms if t.format_ok]
+    return {
+        "reward": mean(t.reward for t in terms),
+        "coverage": mean(t.coverage for t in terms),
+        "redundancy_penalty": mean(t.penalty for t in terms),
+        "format_valid": len(valid) / len(terms),
+        "recall_valid": mean(t.coverage for t in valid) if valid else 0.0,
+        "mean_size": mean(t.size for t in valid) if valid else 0.0,
+        "over_margin": mean(float(t.over_margin) for t in terms),
+        "reward_timeouts": sum(t.timed_out for t in terms),
+    }
+
+
+def grpo_step(
+    run: Run, batch: list[PickerExample], spec: RewardSpec, step: int, timer: StepTimer
+) -> tuple[dict[str, float], list[Group], list[list[RewardTerms]]]:
+    cfg = run.cfg
+    with timer("rollout"):
+        groups = sample_groups(
+            run.engines, batch, _instruction(cfg), _sampling(cfg, step), cfg.picker.constrained
+        )
+    with timer("reward"):
+        terms = run.rewards.score(reward_requests(groups), spec)
+    import torch
+
+    rewards = torch.tensor([t.reward for ts in terms for t in ts])
+    adv = group_advantages(rewards, cfg.stage.group_size, cfg.rl.learner.grpo.std_normalize)
+    with timer("learn"):
+        stats = run.learners.step("grpo_step", to_sequences(groups, adv.tolist()))
+    return {**_term_means([t for ts in terms for t in ts]), **stats}, groups, terms
+
+
+def sft_step(run: Run, batch: list[PickerExample], timer: StepTimer) -> dict[str, float]:
+    instruction, eos = _instruction(run.cfg), run.tokenizer.eos_token_id
+    seqs = []
+    for ex in batch:
+        prompt = chat_prompt_ids(run.tokenizer, picker_chat(instruction, ex.question, ex.passages))
+        target = run.tokenizer.encode(render_pick(warm_start_pick(ex)), add_special_tokens=False)
+        seqs.append(TrainSequence(prompt + target + [eos], len(prompt)))
+    with timer("learn"):
+        return run.learners.step("sft_step", seqs)
+
+
+def validate(run: Run, val: list[PickerExample], spec: RewardSpec) -> dict[str, float]:
+    """Greedy picks on the validation prompts, scored with the stage's reward."""
+    groups = sample_groups(run.engines, val, _instruction(run.cfg), _sampling(run.cfg, 0, True))
+    terms = run.rewards.score(reward_requests(groups), spec)
+    return {f"val/{k}": v for k, v in _term_means([t for ts in terms for t in ts]).items()}
+
+
+def train(cfg: Config, run: Run | None = None) -> Path:
+    """Run (or resume) the configured stage; returns the folder of its final weights.
+
+    ``run``: actors to reuse (the caller owns them). A fresh stage needs freshly initialised
+    ones; a resume restores the whole learner state from the checkpoint, so any will do."""
+    stage, rl, out = cfg.stage, cfg.rl, Path(cfg.output_dir)
+    data = _load_data(cfg)
+    spec = RewardSpec(
+        stage.redundancy_margin, stage.gamma, cfg.rewards.eq8, cfg.rewards.format_penalty
+    )
+    stream = PromptStream(data["train"], rl.prompts_per_step, cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    init_ray(cfg.ray.address, cfg.ray.num_cpus)
+    print(
+        f"[{stage.name}] starting rollout engines and {rl.learner.num_actors} learner(s)",
+        flush=True,
+    )
+    owned = run is None
+    run = run or Run(cfg)
+    state = _resume(run, out)
+    tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), stage.name, asdict(cfg))
+    metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
+    print(
+        f"[{stage.name}] {len(data['train'])} train / {len(data['val'])} val prompts, "
+        f"{stage.kind}, from step {state.step} to {stage.max_steps}",
+        flush=True,
+    )
+    while state.step < stage.max_steps and not state.stop_reason:
+        timer, t0, tables = StepTimer(), time.time(), {}
+        batch = stream.next_batch(state)
+        if stage.kind == "sft":
+            metrics = sft_step(run, batch, timer)
+        else:
+            metrics, groups, terms = grpo_step(run, batch, spec, state.step, timer)
+            tables["samples"] = _sample_rows(groups, terms, state.step, rl.samples_logged)
+        with timer("sync"):
+            run.sync_weights()
+        state.step += 1
+        metrics |= {f"time/{k}": v for k, v in timer.seconds.items()} | {
+            "time/step": time.time() - t0
+        }
+        if state.step % rl.val_every == 0 or state.step == stage.max_steps:
+            metrics |= _evaluate(run, data["val"], spec, state, stage.patience)
+        metrics_log.write(state.step, metrics, [ex.id for ex in batch])
+        tracker.log(metrics, step=state.step, tables=tables)
+        print(_progress(stage.name, state, metrics), flush=True)
+        if state.step % rl.save_every == 0 or state.step == stage.max_steps or state.stop_reason:
+            _checkpoint(run, out, state, rl.keep_checkpoints)
+    final = out / "final"
+    run.learners.call("save_pretrained", str(final))
+    (out / "result.json").write_text(json.dumps(asdict(state), indent=2))
+    tracker.finish()
+    if owned:
+        run.shutdown()
+    why = state.stop_reason or "max_steps"
+    print(f"[{stage.name}] done at step {state.step} ({why}); weights: {final}", flush=True)
+    return final
+
+
+def _instruction(cfg: Config) -> str:
+    return cfg.stage.instruction or cfg.picker.instruction
+
+
+def _load_data(cfg: Config) -> dict[str, list[PickerExample]]:
+    path = Path(cfg.rl.mined)
+    if not path.exists():
+        raise ConfigError(f"rl.mined={path} does not exist: run `ctxpick mine` first")
+    data = load_picker_examples(
+        path, cfg.picker.max_passages, cfg.picker.max_passage_words, cfg.seed
+    )
+    if not data["val"]:
+        # Tiny runs can hash no question into val; validate on training prompts, and say so.
+        print(f"  no validation prompts in {path}; validating on training prompts", flush=True)
+        data["val"] = [ex for ex in data["train"] if "#rw" not in ex.id]
+    data["val"] = data["val"][: cfg.rl.val_size]
+    return data
+
+
+def _evaluate(
+    run: Run, val: list[PickerExample], spec: RewardSpec, state: TrainState, patience: int
+) -> dict[str, float]:
+    metrics = validate(run, val, spec)
+    state.val_history.append({"step": state.step, **metrics})
+    if metrics["val/reward"] > state.best_val + 1e-9:
+        state.best_val, state.bad_evals = metrics["val/reward"], 0
+    else:
+        state.bad_evals += 1
+        if state.bad_evals >= patience:
+            state.stop_reason = f"validation reward did not improve for {patience} evaluations"
+    return metrics
+
+
+def _checkpoint(run: Run, out: Path, state: TrainState, keep: int) -> None:
+    ckpt, tag = out / "checkpoints", f"step{state.step}"
+    run.learners.call("save_checkpoint", str(ckpt), tag, {"trainer": asdict(state)})
+    saved = sorted(ckpt.glob("step*"), key=lambda p: int(p.name.removeprefix("step")))
+    for old in saved[:-keep]:  # a resume needs only the latest
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _resume(run: Run, out: Path) -> TrainState:
+    latest = out / "checkpoints" / "latest"
+    if not latest.exists():
+        return TrainState()
+    tag = latest.read_text().strip()
+    client = run.learners.call("load_checkpoint", str(out / "checkpoints"), tag)[0]
+    state = TrainState(**client["trainer"])
+    run.sync_weights()
+    print(f"  resumed from {out / 'checkpoints' / tag} at step {state.step}", flush=True)
+    return state
+
+
+class _MetricsLog:
+    """Append-only ``metrics.jsonl``; steps past the checkpoint a run resumes from are dropped,
+    since they will be run again."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        kept = []
+        if path.exists():
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if line and json.loads(line)["step"] <= resume_step
+            ]
+        path.write_text("".join(line + "\n" for line in kept))
+        self.path = path
+
+    def write(self, step: int, metrics: dict[str, Any], batch: list[str]) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps({"step": step, **metrics, "batch": batch}) + "\n")
+
+
+def _sample_rows(
+    groups: list[Group], terms: list[list[RewardTerms]], step: int, n: int
+) -> tuple[list[str], list[list[Any]]]:
+    rows = []
+    for g, ts in zip(groups[:n], terms[:n], strict=False):
+        c, t = g.samples[0], ts[0]
+        rows.append([step, g.example.question, c.text, list(g.example.gold), t.reward, t.reason])
+    return ["step", "question", "output", "gold ids", "reward", "invalid because"], rows
+
+
+def _progress(name: str, state: TrainState, m: dict[str, Any]) -> str:
+    line = f"  [{name}] step {state.step} epoch {state.epoch} | "
+    if "reward" in m:
+        line += (
+            f"reward {m['reward']:+.3f} cov {m['coverage']:.2f} |S| {m['mean_size']:.1f} "
+            f"valid {m['format_valid']:.0%} | "
+        )
+    line += f"loss {m['loss']:.4f} | {m['time/step']:.1f}s"
+    if "val/reward" in m:
+        line += f" | val reward {m['val/reward']:+.3f} valid {m['val/format_valid']:.0%}"
+    return line

@@ -1,0 +1,134 @@
+"""Picker output parser, reward terms for both readings of Eq. 8, GRPO maths by hand."""
+
+import math
+
+import pytest
+import torch
+
+from ctxpick.picker.format import InvalidPick, Pick, output_regex, parse_pick, render_pick
+from ctxpick.rewards.reward import RewardSpec, score_output, set_reward
+from ctxpick.rl.grpo import GRPOConfig, group_advantages, grpo_token_loss
+
+
+def test_parser_accepts_the_documented_format():
+    assert parse_pick(" <rationale> needs A and B </rationale>\n<ids>[3, 1]</ids>\n", 5) == Pick(
+        "needs A and B", (3, 1)
+    )
+    assert parse_pick("<rationale>none needed</rationale><ids>[]</ids>", 5).ids == ()
+    pick = Pick("x", (2, 4))
+    assert parse_pick(render_pick(pick), 4) == pick
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("<ids>[1]</ids>", "missing <rationale>"),
+        ("<rationale>r</rationale>", "missing <ids>"),
+        ("<rationale>r</rationale><ids>[1]", "missing <ids>"),
+        ("<rationale>  </rationale><ids>[1]</ids>", "empty rationale"),
+        ("<rationale>r</rationale><ids>[1, 1]</ids>", "duplicate id 1"),
+        ("<rationale>r</rationale><ids>[0]</ids>", "id 0 out of range 1..5"),
+        ("<rationale>r</rationale><ids>[6]</ids>", "id 6 out of range 1..5"),
+        ("<rationale>r</rationale><ids>[1.5]</ids>", "non-integer id 1.5"),
+        ('<rationale>r</rationale><ids>["2"]</ids>', "non-integer id '2'"),
+        ("<rationale>r</rationale><ids>[true]</ids>", "non-integer id True"),
+        ("<rationale>r</rationale><ids>1, 2</ids>", "ids are not a JSON list"),
+        ('<rationale>r</rationale><ids>{"a": 1}</ids>', "ids are not a JSON list"),
+        ("<rationale>r</rationale><ids>[1, 2</ids>", "ids are not a JSON list"),
+        ("Sure! <rationale>r</rationale><ids>[1]</ids>", "text outside"),
+        ("<ids>[1]</ids><rationale>r</rationale>", "text outside"),
+    ],
+)
+def test_parser_names_what_is_wrong(text, reason):
+    with pytest.raises(InvalidPick, match=reason.replace("[", r"\[").replace("(", r"\(")):
+        parse_pick(text, 5)
+
+
+def test_constrained_regex_matches_valid_outputs_only():
+    import re
+
+    rx = re.compile(output_regex(12))
+    assert rx.fullmatch("<rationale>a b</rationale><ids>[12, 3]</ids>")
+    assert rx.fullmatch("<rationale>a</rationale><ids>[]</ids>")
+    assert not rx.fullmatch("<rationale>a</rationale><ids>[13]</ids>")
+    assert not rx.fullmatch("<rationale></rationale><ids>[1]</ids>")
+
+
+@pytest.mark.parametrize(
+    ("size", "printed", "described"),
+    # The worked example in ctxpick/rewards/reward.py: |S_gold| = 2, m = 3, γ = 0.5.
+    [(2, 1.0, 1.0), (3, 1.0, 1 - 0.5 / 3), (4, 1.0, 1 - 0.5 * 2 / 3), (5, 1.0, 0.5), (6, 0.0, 0.0)],
+)
+def test_eq8_worked_example(size, printed, described):
+    selected = [1, 2, *range(3, size + 1)]
+    for eq8, want in (("printed", printed), ("described", described)):
+        terms = set_reward(selected, [1, 2], RewardSpec(margin=3, gamma=0.5, eq8=eq8))
+        assert terms.coverage == 1.0 and terms.size == size
+        assert terms.reward == pytest.approx(want)
+        assert terms.over_margin == (size > 5)
+
+
+def test_reward_terms_partial_coverage_tight_margin_and_format():
+    spec = RewardSpec(margin=0, gamma=0.5)
+    half = set_reward([1], [1, 2], spec)
+    assert (half.reward, half.coverage, half.penalty) == (0.5, 0.5, 0.0)
+    # m = 0: any passage beyond |S_gold| gives 0, even with full coverage
+    assert set_reward([1, 2, 3], [1, 2], spec).reward == 0.0
+    # a smaller, wrong selection of the right size is still scored by coverage
+    assert set_reward([3, 4], [1, 2], spec).reward == 0.0
+    bad = score_output("<ids>[1]</ids>", 4, [1], spec)
+    assert (bad.reward, bad.format_ok) == (-1.0, False) and "rationale" in bad.reason
+    with pytest.raises(ValueError, match="eq8"):
+        RewardSpec(margin=1, gamma=0.5, eq8="other")
+
+
+def test_group_advantages_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5, -1.0, -1.0])
+    adv = group_advantages(r, group_size=2)
+    # group 1: mean .5, std (unbiased) = .7071 -> ±.7071; group 2: all equal -> 0; group 3: 0
+    assert adv.tolist() == pytest.approx([0.70710, -0.70710, 0, 0, 0, 0], abs=1e-4)
+    raw = group_advantages(r, group_size=2, std_normalize=False)
+    assert raw.tolist() == pytest.approx([0.5, -0.5, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages(r, group_size=4)
+
+
+def test_grpo_loss_by_hand():
+    """Two sequences of two tokens; eps_low = 0.2, eps_high = 0.28."""
+    cfg = GRPOConfig(eps_low=0.2, eps_high=0.28)
+    old = torch.zeros(2, 2)
+    logp = torch.log(torch.tensor([[1.5, 1.0], [0.5, 1.0]]))  # ratios
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, stats = grpo_token_loss(logp, old, adv, mask, cfg)
+    # seq 1 (A=+1): min(1.5, 1.28) = 1.28 (clipped) ; min(1, 1) = 1
+    # seq 2 (A=-1): min(-0.5, -0.8) = -0.8 (clipped) ; second token masked out
+    assert loss.item() == pytest.approx(-(1.28 + 1.0 - 0.8))
+    assert stats["clipped"].item() == 2
+    # k3 KL to a reference: exp(d) - d - 1 with d = ref - logp, added with kl_coef
+    ref = torch.zeros(2, 2)
+    kl_cfg = GRPOConfig(kl_coef=0.1)
+    loss_kl, stats_kl = grpo_token_loss(logp, old, adv, mask, kl_cfg, ref_logp=ref)
+    k3 = [math.exp(-math.log(x)) + math.log(x) - 1 for x in (1.5, 1.0, 0.5)]
+    assert stats_kl["kl"].item() == pytest.approx(sum(k3), rel=1e-5)
+    assert loss_kl.item() == pytest.approx(loss.item() + 0.1 * sum(k3), rel=1e-5)
+
+
+def test_grpo_gradient_is_the_policy_gradient_on_policy():
+    """With old = current (detached), d loss / d logp = -A per unmasked token."""
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss, _ = grpo_token_loss(
+        logp, logp.detach(), torch.tensor([0.5]), torch.tensor([[1.0, 1.0]]), GRPOConfig()
+    )
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.5, -0.5])
+
+
+def test_sampler_correction_weights_are_capped():
+    cfg = GRPOConfig(tis_cap=2.0)
+    logp = torch.zeros(1, 2, requires_grad=True)
+    sampler = torch.log(torch.tensor([[0.25, 2.0]]))  # weights exp(0 - s) = 4 -> 2 (cap), 0.5
+    loss, _ = grpo_token_loss(
+        logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), cfg, sampler_logp=sampler
+    )
+    assert loss.item() == pytest.approx(-(2.0 + 0.5))

@@ -1,0 +1,200 @@
+"""GRPO training on the real stack (slow): vLLM rollout workers, the reward service and a
+DeepSpeed learner on the loopback Ray cluster, on real HotpotQA questions."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import SAMPLES
+from fakes import human_gold_records
+
+from ctxpick.config import compose
+from ctxpick.data.loaders import load_examples
+from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
+from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
+from ctxpick.rewards.reward import RewardSpec
+from ctxpick.rewards.service import RewardClient, RewardRequest
+from ctxpick.rl.learner import TrainSequence
+from ctxpick.rl.trainer import Run, StepTimer, grpo_step, sft_step, train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """A run root whose mine/mined.jsonl holds 4 train + 2 val real questions."""
+    root = tmp_path_factory.mktemp("train")
+    examples = load_examples(SAMPLES / "hotpotqa_distractor_30.jsonl", "hotpotqa").examples[:6]
+    chunked = Chunker(ChunkingConfig(method="window", window_words=40)).chunk_all(examples)
+    pools = [PoolBuilder(PoolConfig(k=4, query="question_answer")).build(c) for c in chunked]
+    records = human_gold_records(pools, ["train"] * 4 + ["val"] * 2)
+    assert all(r["kept"] for r in records)
+    (root / "mine").mkdir()
+    (root / "mine" / "mined.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return root
+
+
+def tiny(root, name, *overrides):
+    return compose(
+        [
+            f"output_dir={root}/{name}",
+            f"rl.mined={root}/mine/mined.jsonl",
+            "picker.model=smollm2-135m",
+            "picker.max_passages=4",
+            "picker.max_passage_words=25",
+            "picker.max_tokens=40",
+            "rl.prompts_per_step=2",
+            "stage.group_size=4",
+            "stage.lr=1e-4",
+            "rl.rollout.max_model_len=2048",
+            "rl.rollout.cpu_kv_cache_gb=1",
+            "rl.learner.micro_batch_size=4",
+            "rl.val_size=2",
+            "wandb.mode=disabled",
+            *overrides,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def run(ray_cluster, root):
+    run = Run(tiny(root, "shared"))
+    yield run
+    run.shutdown()
+
+
+def _checksum(folder):
+    from safetensors.torch import load_file
+
+    return sum(
+        float(t.float().sum())
+        for f in sorted(folder.glob("*.safetensors"))
+        for t in load_file(f).values()
+    )
+
+
+def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
+    from ctxpick.picker.examples import load_picker_examples
+
+    train_set = load_picker_examples(root / "mine" / "mined.jsonl", 4, 25, 0)["train"]
+    # The warm start first: untrained SmolLM2 never writes the format, so every reward would
+    # be -1 and every advantage 0.
+    for _ in range(3):
+        sft_step(run, train_set[:2], StepTimer())
+        sft_step(run, train_set[2:], StepTimer())
+    run.sync_weights()
+    spec = RewardSpec(margin=1, gamma=0.5)
+    for step in range(4):  # until a group disagrees, so the update is not zero
+        before = run.learners.call("state_checksum")[0]
+        timer = StepTimer()
+        metrics, groups, terms = grpo_step(run, train_set[:2], spec, step, timer)
+        after = run.learners.call("state_checksum")[0]
+        rewards = [t.reward for ts in terms for t in ts]
+        if len(set(rewards[:4])) > 1 or len(set(rewards[4:])) > 1:
+            break
+    assert len(groups) == 2 and all(len(g.samples) == 4 for g in groups)
+    assert set(timer.seconds) == {"rollout", "reward", "learn"}
+    assert metrics["format_valid"] > 0, "the warm start taught the format"
+    assert after != before and metrics["grad_norm"] > 0
+    for key in ("reward", "coverage", "mean_size", "kl", "clip_fraction", "entropy", "loss"):
+        assert key in metrics and metrics[key] == metrics[key]  # present, not NaN
+    assert run.sync_weights() > 0
+
+
+def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
+    from ctxpick.engines.base import SamplingConfig
+    from ctxpick.picker.examples import load_picker_examples
+    from ctxpick.picker.format import picker_chat
+
+    # Move the weights far from the initial ones, then sync.
+    ex = load_picker_examples(root / "mine" / "mined.jsonl", 4, 25, 0)["train"]
+    sft_step(run, ex[:2], StepTimer())
+    run.sync_weights()
+    chats = [picker_chat(run.cfg.picker.instruction, e.question, e.passages) for e in ex[:2]]
+    sampling = SamplingConfig(temperature=1.0, max_tokens=24, n=2, seed=3, logprobs=True)
+    outs = run.engines.generate(chats, sampling)
+    seqs = [
+        TrainSequence(c.prompt_token_ids + c.token_ids, len(c.prompt_token_ids))
+        for o in outs
+        for c in o
+    ]
+    learner = run.learners.call("logprobs", seqs)[0]
+    rollout = [c.logprobs for o in outs for c in o]
+    diffs = torch.tensor(
+        [
+            abs(a - b)
+            for lr, lv in zip(learner, rollout, strict=True)
+            for a, b in zip(lr, lv, strict=True)
+        ]
+    )
+    assert diffs.numel() > 20
+    assert diffs.mean() < 0.05 and diffs.max() < 0.5, (diffs.mean(), diffs.max())
+    # and the weights really moved: the initial model gives different log-probs
+    assert run.learners.call("state_checksum")[0] != pytest.approx(0)
+
+
+def test_reward_service_times_out_a_hung_scorer(ray_cluster):
+    import time
+
+    def scorer(req, spec):
+        if req.num_passages == 99:
+            time.sleep(60)  # hung
+        from ctxpick.rewards.service import score_request
+
+        return score_request(req, spec)
+
+    client = RewardClient(timeout_s=3, fallback=0.0, scorer=scorer)
+    spec = RewardSpec(margin=1, gamma=0.5)
+    ok = RewardRequest(("<rationale>a</rationale><ids>[1]</ids>",), 3, (1,))
+    hung = RewardRequest(("<rationale>a</rationale><ids>[1]</ids>",) * 2, 99, (1,))
+    t0 = time.time()
+    out = client.score([ok, hung, ok], spec)
+    assert time.time() - t0 < 30
+    assert [t.reward for t in out[0]] == [1.0] and [t.reward for t in out[2]] == [1.0]
+    assert [(t.reward, t.timed_out) for t in out[1]] == [(0.0, True), (0.0, True)]
+    assert client.timeouts == 1
+    # the replaced service keeps working
+    assert client.score([ok], spec)[0][0].reward == 1.0
+    client.shutdown()
+
+
+def _steps(folder):
+    return {
+        r["step"]: r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+    }
+
+
+def test_resume_continues_with_the_same_batches_and_weights(run, root):
+    """Reference: 3 uninterrupted steps, checkpoint every step. Then resume from step 1
+    (mid-epoch: 4 prompts, 2 per step) and from step 2 (epoch boundary) on other actors:
+    same step, same next batches, same rewards, same final weights."""
+    ref = train(
+        tiny(
+            root,
+            "ref",
+            "stage.max_steps=3",
+            "rl.save_every=1",
+            "rl.keep_checkpoints=3",
+            "rl.val_every=100",
+        )
+    )
+    ref_steps = _steps(ref.parent)
+    assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
+    for resume_at in (1, 2):
+        folder = root / f"resumed{resume_at}"
+        shutil.copytree(ref.parent, folder)
+        shutil.rmtree(folder / "final")
+        for s in (1, 2, 3):
+            if s != resume_at:
+                shutil.rmtree(folder / "checkpoints" / f"step{s}")
+        (folder / "checkpoints" / "latest").write_text(f"step{resume_at}")
+        final = train(
+            tiny(root, f"resumed{resume_at}", "stage.max_steps=3", "rl.val_every=100"), run=run
+        )
+        steps = _steps(folder)
+        for s in range(resume_at + 1, 4):
+            assert steps[s]["batch"] == ref_steps[s]["batch"]
+            assert steps[s]["reward"] == ref_steps[s]["reward"]
+        assert json.loads((folder / "result.json").read_text())["epoch"] == 1
+        assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)
