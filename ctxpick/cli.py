@@ -14,9 +14,10 @@ from ctxpick.config import CONF_DIR, Config, ConfigError, validate
 USAGE = """usage: ctxpick COMMAND [ARGS]
 
 pipeline (Hydra apps over conf/; pass key=value overrides):
-  demo                 load -> chunk -> pools -> generate -> judge on the bundled sample
+  demo                 the main job: pools -> mining -> training stages -> evaluation
   mine                 mine minimal sufficient evidence sets (a resumable Ray job)
   train                train the picker: stage=warmup | stage1 | stage2 (resumable Ray job)
+  eval                 methods x datasets: judged accuracy and the tokens each method sends
   config               print the composed, validated config
 
 utilities:
@@ -32,8 +33,15 @@ def _hydra_app(name: str, task: Callable[[Config], object], overrides: list[str]
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def app(raw: DictConfig) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
         try:
-            task(validate(raw))
+            cfg = validate(raw)
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                # Each sweep job writes to its own folder under the sweep directory.
+                cfg.output_dir = HydraConfig.get().runtime.output_dir
+            task(cfg)
         except ConfigError as err:
             sys.exit(f"ctxpick {name}: {err}")
 
@@ -48,9 +56,17 @@ def _print_config(cfg: Config) -> None:
 
 
 def _demo(cfg: Config) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     from ctxpick.eval.pipeline import run_demo
 
-    run_demo(cfg)
+    run_demo(cfg, list(HydraConfig.get().overrides.task))
+
+
+def _eval(cfg: Config) -> None:
+    from ctxpick.eval.harness import run_eval
+
+    run_eval(cfg)
 
 
 def _data(argv: list[str]) -> None:
@@ -105,6 +121,7 @@ HYDRA_COMMANDS: dict[str, Callable[[Config], object]] = {
     "demo": _demo,
     "mine": _mine,
     "train": _train,
+    "eval": _eval,
     "config": _print_config,
 }
 UTILITIES = {"data": _data, "models": _models}

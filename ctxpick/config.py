@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ctxpick.engines.http_engine import HTTPEngineConfig
+from ctxpick.engines.ray_pool import EngineConfig
 from ctxpick.judge.judges import JudgeConfig
 from ctxpick.mining.rewrites import DEFAULT_REWRITE_SYSTEM
 from ctxpick.retrieval.chunking import ChunkingConfig
@@ -32,6 +33,7 @@ class DataSource:
     path: str
     format: str = "auto"
     limit: int | None = None
+    offset: int = 0  # skip this many questions first (e.g. evaluate on ones not mined)
 
     def resolved_path(self) -> Path:
         """``sample:NAME`` names a file bundled with the package."""
@@ -65,21 +67,6 @@ class DataConfig:
                 raise ValueError(f"data source {s.path}: unknown format {s.format!r}")
             if s.limit is not None and s.limit <= 0:
                 raise ValueError(f"data source {s.path}: limit must be positive")
-
-
-@dataclass
-class EngineConfig:
-    num_actors: int = 1
-    num_cpus_per_actor: float = 1
-    num_gpus_per_actor: float = 0
-    max_model_len: int = 8192
-    cpu_kv_cache_gb: int = 4
-    gpu_memory_utilization: float = 0.85
-    batch_size: int = 16  # prompts per engine call, for progress reporting
-
-    def __post_init__(self) -> None:
-        if self.num_actors < 1 or self.batch_size < 1 or self.max_model_len < 256:
-            raise ValueError("engine needs num_actors >= 1, batch_size >= 1, max_model_len >= 256")
 
 
 @dataclass
@@ -190,6 +177,41 @@ class PickerConfig:
 
 
 @dataclass
+class EvalConfig:
+    # none | bm25 | dense | adaptive | full_pool | oracle | picker (see ctxpick/eval/methods.py)
+    methods: list[str] = field(
+        default_factory=lambda: [
+            "none",
+            "bm25",
+            "dense",
+            "adaptive",
+            "full_pool",
+            "oracle",
+            "picker",
+        ]
+    )
+    topk: list[int] = field(default_factory=lambda: [5, 10])  # K of the Top-K baselines
+    topk_by_dataset: dict[str, list[int]] = field(default_factory=dict)  # e.g. locomo: [100]
+    token_budget: int | None = None  # cap on context tokens any method may send
+    pickers: dict[str, str] = field(default_factory=dict)  # label -> model folder
+    adaptive_min_k: int = 1
+    tokenizer: str = ""  # counts context tokens (empty: the generator's)
+
+    def __post_init__(self) -> None:
+        from ctxpick.eval.methods import METHODS
+
+        for m in self.methods:
+            if m not in METHODS:
+                raise ValueError(
+                    f"eval.methods: unknown method {m!r} (known: {', '.join(METHODS)})"
+                )
+        if any(k < 1 for ks in [self.topk, *self.topk_by_dataset.values()] for k in ks):
+            raise ValueError("eval.topk values must be >= 1")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise ValueError("eval.token_budget must be >= 1 (or null)")
+
+
+@dataclass
 class RewardConfig:
     eq8: str = "described"  # described | printed: the two readings of the paper's Eq. 8
     format_penalty: float = -1.0
@@ -224,6 +246,17 @@ class RLConfig:
 
 
 @dataclass
+class DemoConfig:
+    """The main job (`ctxpick demo`): mine -> each stage in order -> evaluate. Each entry lists
+    Hydra overrides applied on top of the command's own for that phase."""
+
+    # Run in this order; empty: stage1 then stage2 (add a warmup stage first for small models).
+    stages: dict[str, list[str]] = field(default_factory=dict)
+    eval: list[str] = field(default_factory=list)
+    eval_sources: list[DataSource] = field(default_factory=list)  # empty: data.sources
+
+
+@dataclass
 class RayConfig:
     address: str | None = None  # None: start a local cluster
     num_cpus: int | None = None
@@ -251,6 +284,8 @@ class Config:
     picker: PickerConfig = field(default_factory=PickerConfig)
     rewards: RewardConfig = field(default_factory=RewardConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 0
@@ -259,11 +294,10 @@ class Config:
 
 def _cross_checks(cfg: Config) -> None:
     """Constraints between sections, checked before any actor starts."""
-    rl, stage = cfg.rl, cfg.stage
-    per_step = rl.prompts_per_step * (stage.group_size if stage.kind == "grpo" else 1)
-    if per_step % rl.learner.num_actors:
+    rl = cfg.rl
+    if rl.prompts_per_step % rl.learner.num_actors:
         raise ConfigError(
-            f"invalid config: rl.prompts_per_step x stage.group_size = {per_step} sequences per "
+            f"invalid config: rl.prompts_per_step = {rl.prompts_per_step} prompt groups per "
             f"step do not split over rl.learner.num_actors = {rl.learner.num_actors}"
         )
 
@@ -294,15 +328,20 @@ def compose(overrides: list[str] | None = None, config_name: str = "config") -> 
     """Compose ``conf/`` with Hydra overrides outside a Hydra app (library use, tests)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    def composed() -> DictConfig:
         try:
-            raw = hydra_compose(config_name=config_name, overrides=overrides or [])
+            return hydra_compose(config_name=config_name, overrides=overrides or [])
         except HydraException as err:
             cause = f" ({err.__cause__})" if err.__cause__ else ""
             raise ConfigError(f"invalid config: {err}{cause}") from None
-    return validate(raw)
+
+    if GlobalHydra.instance().is_initialized():  # inside a Hydra app (`ctxpick demo`)
+        return validate(composed())
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(composed())
 
 
 def _register_schema() -> None:

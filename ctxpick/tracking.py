@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 
@@ -24,16 +25,19 @@ class Tracker:
         metrics: dict[str, Any],
         step: int | None = None,
         tables: dict[str, tuple[list[str], list[list[Any]]]] | None = None,
+        images: dict[str, Path] | None = None,
     ) -> None:
-        """``tables``: name -> (columns, rows), logged as W&B tables at the same step."""
+        """``tables``: name -> (columns, rows); ``images``: name -> PNG; logged at the same step."""
         if self.run is None:
             return
-        if tables:
+        if tables or images:
             import wandb
 
             metrics = metrics | {
-                name: wandb.Table(columns=cols, data=rows) for name, (cols, rows) in tables.items()
+                name: wandb.Table(columns=cols, data=rows)
+                for name, (cols, rows) in (tables or {}).items()
             }
+            metrics |= {name: wandb.Image(str(path)) for name, path in (images or {}).items()}
         self.run.log(metrics, step=step)
 
     def summary(self, metrics: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""The main job on the bundled sample, shrunk to two questions per dataset."""
+"""The main job end to end on the bundled sample, shrunk: mining -> warm start -> Stage I ->
+Stage II -> evaluation against the baselines, with the real engines on the test cluster."""
 
 import json
 
@@ -9,21 +10,48 @@ from ctxpick.eval.pipeline import run_demo
 
 pytestmark = pytest.mark.slow
 
+SHRINK = [
+    "data.path=sample:hotpotqa_distractor_30.jsonl",
+    "data.format=hotpotqa",
+    "data.limit=4",
+    "mining.split_ratios=[1.0,0.0,0.0]",
+    "mining.rewrites.k=1",
+    "model.engine.num_cpus_per_actor=1",
+    "rl.rollout.num_cpus_per_actor=1",
+    "rl.learner.num_cpus_per_actor=1",
+    "picker.max_tokens=32",
+    "rl.val_size=2",
+    "demo.stages.warmup=[stage=warmup,stage.max_steps=1,rl.prompts_per_step=2]",
+    "demo.stages.stage1=[stage=stage1,stage.max_steps=1,stage.group_size=2]",
+    "demo.stages.stage2=[stage=stage2,stage.max_steps=1,stage.group_size=2]",
+    "eval.methods=[none,bm25,adaptive,oracle,picker]",
+    "eval.topk=[2]",
+    "eval.token_budget=400",
+    "wandb.mode=disabled",
+]
 
-def test_demo_prints_summary_table(ray_cluster, tmp_path, capsys):
-    overrides = ["experiment=demo", f"output_dir={tmp_path}", "model.engine.num_cpus_per_actor=1"]
-    overrides += [f"data.sources.{i}.limit=2" for i in range(5)]
-    rows = run_demo(compose(overrides))
+
+def test_main_job_end_to_end(ray_cluster, tmp_path, capsys):
+    overrides = ["experiment=demo", f"output_dir={tmp_path}", *SHRINK]
+    cfg = compose(overrides)
+    cfg.demo.eval_sources = cfg.demo.eval_sources[:1]
+    cfg.demo.eval_sources[0].limit = 2
+    report = run_demo(cfg, overrides)
     out = capsys.readouterr().out
-    assert "| dataset" in out and "accuracy (full pool)" in out
-    assert {r.dataset for r in rows} == {
-        "hotpotqa",
-        "2wikimultihopqa",
-        "musique",
-        "locomo",
-        "multifieldqa_en",
-    }
-    assert all(r.questions == 2 and r.passages_per_pool > 0 for r in rows)
-    assert all(r.mining_recall is not None for r in rows if r.dataset != "multifieldqa_en")
-    lines = (tmp_path / "examples.jsonl").read_text().splitlines()
-    assert len(lines) == 10 and all("prediction" in json.loads(x) for x in lines)
+    for phase in (
+        "pools and evidence mining",
+        "training: warmup",
+        "training: stage2",
+        "evaluation",
+    ):
+        assert phase in out
+    assert "| method" in out and "reward curve:" in out and "plots:" in out
+    assert (tmp_path / "reward_curve.png").stat().st_size > 1000
+    assert (tmp_path / "eval" / "accuracy_vs_tokens_hotpotqa.png").exists()
+    assert "picker:stage1" in report.read_text() and "picker:stage2" in report.read_text()
+    recs = [json.loads(x) for x in (tmp_path / "eval" / "examples.jsonl").read_text().splitlines()]
+    methods = {r["method"] for r in recs}
+    assert methods == {"none", "bm25@2", "adaptive", "oracle", "picker:stage1", "picker:stage2"}
+    assert len(recs) == 2 * len(methods)
+    assert all(r["context_tokens"] <= 400 for r in recs)  # the token budget caps every method
+    assert all(r["context_tokens"] == 0 for r in recs if r["method"] == "none")

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.http_engine import HTTPEngine, HTTPEngineConfig, HTTPEngineError
+from ctxpick.jsonl import read_done
 from ctxpick.judge.judges import Judge, JudgeConfig, JudgeItem, parse_verdict, rule_verdict
-from ctxpick.mining.job import read_done
 from ctxpick.mining.miners import MINERS, GeneratorOracle, is_one_minimal
 from ctxpick.mining.rewrites import assign_split, make_rewrites, parse_rewrites
 

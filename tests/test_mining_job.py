@@ -15,7 +15,8 @@ from conftest import REPO
 
 from ctxpick.config import compose
 from ctxpick.data.loaders import load_sources
-from ctxpick.mining.job import mine_pools, read_done
+from ctxpick.jsonl import read_done
+from ctxpick.mining.job import mine_pools
 from ctxpick.mining.run import worker_spec
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder

@@ -132,3 +132,37 @@ def test_sampler_correction_weights_are_capped():
         logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), cfg, sampler_logp=sampler
     )
     assert loss.item() == pytest.approx(-(2.0 + 0.5))
+
+
+def test_lora_merges_into_the_original_names():
+    from contextlib import nullcontext
+
+    from torch import nn
+
+    from ctxpick.rl.lora import LoRALinear, apply_lora, merged_state
+
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.block = nn.Module()
+    model.block.q_proj = nn.Linear(6, 4)
+    model.head = nn.Linear(4, 3)
+    plain = {k: v.clone() for k, v in model.state_dict().items()}
+    assert apply_lora(model, rank=2, alpha=4.0, targets=["q_proj"]) == 1
+    assert isinstance(model.block.q_proj, LoRALinear)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"block.q_proj.lora_a", "block.q_proj.lora_b"}
+    x = torch.randn(5, 6)
+    assert torch.allclose(
+        model.block.q_proj(x), x @ plain["block.q_proj.weight"].T + plain["block.q_proj.bias"]
+    )
+    with torch.no_grad():
+        model.block.q_proj.lora_b.normal_()
+    state = merged_state(model, lambda params: nullcontext())
+    assert set(state) == set(plain)
+    merged = nn.Linear(6, 4)
+    merged.load_state_dict(
+        {"weight": state["block.q_proj.weight"], "bias": state["block.q_proj.bias"]}
+    )
+    assert torch.allclose(merged(x), model.block.q_proj(x), atol=1e-5)
+    with pytest.raises(ValueError, match="match no linear"):
+        apply_lora(nn.Linear(2, 2), 2, 4.0, ["q_proj"])

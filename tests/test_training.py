@@ -74,6 +74,50 @@ def _checksum(folder):
     )
 
 
+def _steps(folder):
+    return {
+        r["step"]: r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+    }
+
+
+def test_resume_continues_with_the_same_batches_and_weights(run, root):
+    """Reference: 3 uninterrupted steps, checkpoint every step. Then resume from step 1
+    (mid-epoch: 4 prompts, 2 per step) and from step 2 (epoch boundary) on other actors:
+    same step, same next batches, same rewards, same final weights."""
+    # First in the module: the shared actors are still freshly initialised.
+    # First in the module, so the shared actors are still freshly initialised.
+    ref = train(
+        tiny(
+            root,
+            "ref",
+            "stage.max_steps=3",
+            "rl.save_every=1",
+            "rl.keep_checkpoints=3",
+            "rl.val_every=100",
+        ),
+        run=run,
+    )
+    ref_steps = _steps(ref.parent)
+    assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
+    for resume_at in (1, 2):
+        folder = root / f"resumed{resume_at}"
+        shutil.copytree(ref.parent, folder)
+        shutil.rmtree(folder / "final")
+        for s in (1, 2, 3):
+            if s != resume_at:
+                shutil.rmtree(folder / "checkpoints" / f"step{s}")
+        (folder / "checkpoints" / "latest").write_text(f"step{resume_at}")
+        final = train(
+            tiny(root, f"resumed{resume_at}", "stage.max_steps=3", "rl.val_every=100"), run=run
+        )
+        steps = _steps(folder)
+        for s in range(resume_at + 1, 4):
+            assert steps[s]["batch"] == ref_steps[s]["batch"]
+            assert steps[s]["reward"] == ref_steps[s]["reward"]
+        assert json.loads((folder / "result.json").read_text())["epoch"] == 1
+        assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)
+
+
 def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
     from ctxpick.picker.examples import load_picker_examples
 
@@ -107,31 +151,35 @@ def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
     from ctxpick.picker.examples import load_picker_examples
     from ctxpick.picker.format import picker_chat
 
-    # Move the weights far from the initial ones, then sync.
     ex = load_picker_examples(root / "mine" / "mined.jsonl", 4, 25, 0)["train"]
-    sft_step(run, ex[:2], StepTimer())
-    run.sync_weights()
     chats = [picker_chat(run.cfg.picker.instruction, e.question, e.passages) for e in ex[:2]]
     sampling = SamplingConfig(temperature=1.0, max_tokens=24, n=2, seed=3, logprobs=True)
-    outs = run.engines.generate(chats, sampling)
-    seqs = [
-        TrainSequence(c.prompt_token_ids + c.token_ids, len(c.prompt_token_ids))
-        for o in outs
-        for c in o
-    ]
-    learner = run.learners.call("logprobs", seqs)[0]
-    rollout = [c.logprobs for o in outs for c in o]
-    diffs = torch.tensor(
-        [
-            abs(a - b)
-            for lr, lv in zip(learner, rollout, strict=True)
-            for a, b in zip(lr, lv, strict=True)
+
+    def gap() -> tuple[torch.Tensor, torch.Tensor]:
+        """|learner - rollout| per sampled token, in log-prob and in probability."""
+        outs = run.engines.generate(chats, sampling)
+        samples = [c for o in outs for c in o]
+        seqs = [
+            TrainSequence(c.prompt_token_ids + c.token_ids, len(c.prompt_token_ids))
+            for c in samples
         ]
-    )
-    assert diffs.numel() > 20
-    assert diffs.mean() < 0.05 and diffs.max() < 0.5, (diffs.mean(), diffs.max())
-    # and the weights really moved: the initial model gives different log-probs
-    assert run.learners.call("state_checksum")[0] != pytest.approx(0)
+        learner = torch.tensor([x for lp in run.learners.call("logprobs", seqs)[0] for x in lp])
+        rollout = torch.tensor([x for c in samples for x in c.logprobs])
+        assert learner.numel() == rollout.numel() > 20
+        return (learner - rollout).abs(), (learner.exp() - rollout.exp()).abs()
+
+    # The learner moves away from the rollout workers' weights...
+    for _ in range(2):
+        sft_step(run, ex[:2], StepTimer())
+    before, _ = gap()
+    # ...and the sync brings them back to the same distribution, up to bf16 kernel noise
+    # (vLLM's CPU kernels and PyTorch's round differently; the odd token differs more).
+    run.sync_weights()
+    after, after_prob = gap()
+    assert after.mean() < 0.05 and after_prob.mean() < 0.01, (after.mean(), after_prob.mean())
+    assert after.median() < 0.03
+    print(f"log-prob gap: {before.mean():.4f} before sync, {after.mean():.4f} after")
+    assert before.mean() > 3 * after.mean()
 
 
 def test_reward_service_times_out_a_hung_scorer(ray_cluster):
@@ -157,44 +205,3 @@ def test_reward_service_times_out_a_hung_scorer(ray_cluster):
     # the replaced service keeps working
     assert client.score([ok], spec)[0][0].reward == 1.0
     client.shutdown()
-
-
-def _steps(folder):
-    return {
-        r["step"]: r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
-    }
-
-
-def test_resume_continues_with_the_same_batches_and_weights(run, root):
-    """Reference: 3 uninterrupted steps, checkpoint every step. Then resume from step 1
-    (mid-epoch: 4 prompts, 2 per step) and from step 2 (epoch boundary) on other actors:
-    same step, same next batches, same rewards, same final weights."""
-    ref = train(
-        tiny(
-            root,
-            "ref",
-            "stage.max_steps=3",
-            "rl.save_every=1",
-            "rl.keep_checkpoints=3",
-            "rl.val_every=100",
-        )
-    )
-    ref_steps = _steps(ref.parent)
-    assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
-    for resume_at in (1, 2):
-        folder = root / f"resumed{resume_at}"
-        shutil.copytree(ref.parent, folder)
-        shutil.rmtree(folder / "final")
-        for s in (1, 2, 3):
-            if s != resume_at:
-                shutil.rmtree(folder / "checkpoints" / f"step{s}")
-        (folder / "checkpoints" / "latest").write_text(f"step{resume_at}")
-        final = train(
-            tiny(root, f"resumed{resume_at}", "stage.max_steps=3", "rl.val_every=100"), run=run
-        )
-        steps = _steps(folder)
-        for s in range(resume_at + 1, 4):
-            assert steps[s]["batch"] == ref_steps[s]["batch"]
-            assert steps[s]["reward"] == ref_steps[s]["reward"]
-        assert json.loads((folder / "result.json").read_text())["epoch"] == 1
-        assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)

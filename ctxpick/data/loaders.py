@@ -424,11 +424,10 @@ def load_sources(
             src.resolved_path(),
             src.format,
             strict=strict,
-            limit=src.limit,
+            limit=None if src.limit is None else src.offset + src.limit,
             rejects_path=rejects_path,
         )
-        print(
-            f"  {src.path}: {len(res.examples)} questions, {len(res.rejects)} rejects", flush=True
-        )
-        examples += res.examples
+        chosen = res.examples[src.offset :]
+        print(f"  {src.path}: {len(chosen)} questions, {len(res.rejects)} rejects", flush=True)
+        examples += chosen
     return examples

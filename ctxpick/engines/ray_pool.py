@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import ray
 
@@ -12,6 +13,21 @@ from ctxpick.engines.base import Chat, Completion, SamplingConfig
 from ctxpick.engines.vllm_engine import start_engine_actor
 
 Progress = Callable[[int, int, float], None]
+
+
+@dataclass
+class EngineConfig:
+    num_actors: int = 1
+    num_cpus_per_actor: float = 1
+    num_gpus_per_actor: float = 0
+    max_model_len: int = 8192
+    cpu_kv_cache_gb: int = 4
+    gpu_memory_utilization: float = 0.85
+    batch_size: int = 16  # prompts per engine call, for progress reporting
+
+    def __post_init__(self) -> None:
+        if self.num_actors < 1 or self.batch_size < 1 or self.max_model_len < 256:
+            raise ValueError("engine needs num_actors >= 1, batch_size >= 1, max_model_len >= 256")
 
 
 def print_progress(label: str) -> Progress:
@@ -46,6 +62,28 @@ class EnginePool:
                 )
                 for _ in range(num_actors)
             ]
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        model: str,
+        cfg: EngineConfig,
+        seed: int = 0,
+        wait: bool = True,
+        **engine_kwargs: object,
+    ) -> EnginePool:
+        return cls.start(
+            model,
+            cfg.num_actors,
+            num_cpus=cfg.num_cpus_per_actor,
+            num_gpus=cfg.num_gpus_per_actor,
+            wait=wait,
+            max_model_len=cfg.max_model_len,
+            cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            seed=seed,
+            **engine_kwargs,
         )
 
     def ready(self) -> None:

@@ -1,155 +1,54 @@
-"""The main job: load -> chunk -> pools -> generate from the full pool -> judge -> summary."""
+"""The main job (`ctxpick demo`, `make demo`): pools and mining -> each training stage in
+order -> evaluation of the trained pickers against the baselines. Every phase is the same
+code its own command runs, in its own folder under ``output_dir``, so a re-run resumes."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from statistics import mean
 
-from ctxpick.config import Config
-from ctxpick.data.loaders import load_sources
-from ctxpick.data.schema import Pool
-from ctxpick.engines.base import SamplingConfig
-from ctxpick.engines.prompts import answer_chat
-from ctxpick.engines.ray_pool import EnginePool, init_ray, print_progress
-from ctxpick.judge.judges import JudgeItem, make_judge
-from ctxpick.judge.rules import token_f1
-from ctxpick.retrieval.chunking import Chunker
-from ctxpick.retrieval.pools import PoolBuilder
-from ctxpick.table import markdown_table
+from ctxpick.config import Config, compose
+from ctxpick.eval.harness import run_eval
+from ctxpick.mining.run import run_mining
+from ctxpick.rl.report import plot_training, training_table
+from ctxpick.rl.trainer import train
 
 
-@dataclass
-class Row:
-    dataset: str
-    questions: int
-    passages_per_pool: float
-    mining_recall: float | None
-    inference_recall: float | None
-    accuracy: float
-    f1: float
-    prompt_tokens: float
+def run_demo(cfg: Config, overrides: list[str]) -> Path:
+    """``overrides``: the command line's, so every phase sees the same experiment."""
+    root, t0 = Path(cfg.output_dir).resolve(), time.time()
+    stages = cfg.demo.stages or {"stage1": ["stage=stage1"], "stage2": ["stage=stage2"]}
+    phases = len(stages) + 2
+    print(f"== [1/{phases}] pools and evidence mining ==", flush=True)
+    mined = root / "mine" / "mined.jsonl"
+    run_mining(replace(cfg, output_dir=str(root / "mine")))
 
-    HEADER = (
-        "dataset",
-        "questions",
-        "passages/pool",
-        "gold recall@k (q+a)",
-        "gold recall@k (q)",
-        "accuracy (full pool)",
-        "F1",
-        "prompt tokens",
-    )
-
-    def cells(self) -> list[str]:
-        def pct(x: float | None) -> str:
-            return "n/a" if x is None else f"{100 * x:.1f}%"
-
-        return [
-            self.dataset,
-            str(self.questions),
-            f"{self.passages_per_pool:.1f}",
-            pct(self.mining_recall),
-            pct(self.inference_recall),
-            pct(self.accuracy),
-            f"{100 * self.f1:.1f}",
-            f"{self.prompt_tokens:.0f}",
-        ]
-
-
-def render_table(rows: list[Row]) -> str:
-    return markdown_table([list(Row.HEADER)] + [r.cells() for r in rows])
-
-
-def _recall(pools: list[Pool]) -> float | None:
-    values = [p.gold_recall for p in pools if p.gold_recall is not None]
-    return mean(values) if values else None
-
-
-def run_demo(cfg: Config) -> list[Row]:
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    print("[1/4] loading data", flush=True)
-    examples = load_sources(cfg.data.sources, cfg.data.strict, out / "rejects.jsonl")
-
-    print(f"[2/4] chunking ({cfg.retrieval.chunking.method}) and BM25 pools", flush=True)
-    chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
-    mining_pools = [PoolBuilder(cfg.mining.pool).build(c) for c in chunked]
-    inference_pools = [PoolBuilder(cfg.retrieval.pool).build(c) for c in chunked]
-
-    print(f"[3/4] generating answers from the full pool with {cfg.model.name}", flush=True)
-    init_ray(cfg.ray.address, cfg.ray.num_cpus)
-    eng = cfg.model.engine
-    engines = EnginePool.start(
-        cfg.model.name,
-        eng.num_actors,
-        num_cpus=eng.num_cpus_per_actor,
-        num_gpus=eng.num_gpus_per_actor,
-        max_model_len=eng.max_model_len,
-        cpu_kv_cache_gb=eng.cpu_kv_cache_gb,
-        gpu_memory_utilization=eng.gpu_memory_utilization,
-        seed=cfg.seed,
-    )
-    chats = [answer_chat(p.question, p.passages, cfg.generator.system) for p in mining_pools]
-    sampling = SamplingConfig(
-        temperature=cfg.generator.temperature, max_tokens=cfg.generator.max_tokens, seed=cfg.seed
-    )
-    completions = engines.generate(chats, sampling, eng.batch_size, print_progress("generate"))
-    preds = [c[0].text.strip() for c in completions]
-
-    print(f"[4/4] judging ({cfg.judge.mode})", flush=True)
-    judge = make_judge(cfg.judge, engines)
-    verdicts = judge(
-        [
-            JudgeItem(p.question, tuple(p.answers), pred, bool(p.meta.get("unanswerable")))
-            for p, pred in zip(mining_pools, preds, strict=True)
-        ]
-    )
-    engines.shutdown()
-    by_dataset: dict[str, list[dict]] = defaultdict(list)
-    with (out / "examples.jsonl").open("a", encoding="utf-8") as fh:
-        for pool, ipool, comp, pred, ok in zip(
-            mining_pools, inference_pools, completions, preds, verdicts, strict=True
-        ):
-            rec = {
-                "id": pool.example_id,
-                "dataset": pool.dataset,
-                "question": pool.question,
-                "answers": pool.answers,
-                "prediction": pred,
-                "correct": ok,
-                "f1": token_f1(pred, pool.answers),
-                "pool_size": len(pool.passages),
-                "prompt_tokens": comp[0].prompt_tokens,
-                "mining_recall": pool.gold_recall,
-                "inference_recall": ipool.gold_recall,
-            }
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            by_dataset[pool.dataset].append({**rec, "_pool": pool, "_ipool": ipool})
-
-    rows = [
-        Row(
-            dataset=name,
-            questions=len(recs),
-            passages_per_pool=mean(r["pool_size"] for r in recs),
-            mining_recall=_recall([r["_pool"] for r in recs]),
-            inference_recall=_recall([r["_ipool"] for r in recs]),
-            accuracy=mean(float(r["correct"]) for r in recs),
-            f1=mean(r["f1"] for r in recs),
-            prompt_tokens=mean(r["prompt_tokens"] for r in recs),
+    previous, pickers, metrics = None, {}, {}
+    for i, (name, stage_overrides) in enumerate(stages.items(), 2):
+        print(f"== [{i}/{phases}] training: {name} ({time.time() - t0:.0f}s so far) ==", flush=True)
+        chain = [f"stage.init_from={previous}"] if previous else []
+        stage_cfg = compose(
+            [*overrides, *stage_overrides, *chain, f"output_dir={root / name}", f"rl.mined={mined}"]
         )
-        for name, recs in by_dataset.items()
-    ]
-    table = render_table(rows)
-    (out / "summary.md").write_text(table + "\n", encoding="utf-8")
-    print(f"\n{table}\n")
-    print(
-        f"k = {cfg.mining.pool.k} (q+a pool, used for generation) / {cfg.retrieval.pool.k} (q pool)"
+        previous = train(stage_cfg)
+        metrics[name] = root / name / "metrics.jsonl"
+        if stage_cfg.stage.kind == "grpo":  # the warm start is not a picker worth comparing
+            pickers[name] = str(previous)
+    curve = plot_training(metrics, root / "reward_curve.png")
+    table = training_table(metrics)
+    (root / "training.md").write_text(table + "\n")
+    print(f"\n{table}\n\nreward curve: {curve}", flush=True)
+
+    print(f"== [{phases}/{phases}] evaluation ({time.time() - t0:.0f}s so far) ==", flush=True)
+    eval_cfg = compose([*overrides, *cfg.demo.eval, f"output_dir={root / 'eval'}"])
+    eval_cfg = replace(
+        eval_cfg,
+        eval=replace(eval_cfg.eval, pickers=pickers),
+        data=replace(eval_cfg.data, sources=cfg.demo.eval_sources or eval_cfg.data.sources),
     )
-    print(f"per-example results: {out / 'examples.jsonl'}   table: {out / 'summary.md'}")
-    print(f"done in {time.time() - t0:.0f}s")
-    return rows
+    report = run_eval(eval_cfg)
+    print(f"\ntraining: {root / 'training.md'}  reward curve: {curve}")
+    print(f"evaluation report: {report}\nall outputs: {root}")
+    print(f"main job finished in {time.time() - t0:.0f}s", flush=True)
+    return report

@@ -8,7 +8,6 @@ the output, repairs a torn last line, and mines only the ids that are missing.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from ctxpick.data.schema import Pool
 from ctxpick.engines.base import Engine, SamplingConfig
 from ctxpick.engines.http_engine import HTTPEngine, HTTPEngineConfig
 from ctxpick.engines.vllm_engine import engine_actor_env
+from ctxpick.jsonl import JsonlWriter, read_done
 from ctxpick.judge.judges import JudgeConfig, make_judge
 from ctxpick.mining.miners import MINERS, GeneratorOracle
 from ctxpick.mining.rewrites import assign_split, make_rewrites
@@ -117,41 +117,6 @@ class MiningWorker:
         }
 
 
-def read_done(path: Path) -> dict[str, dict[str, Any]]:
-    """Records already written, by id. A line torn by a killed driver is cut off, so the file
-    stays valid JSONL for the re-run to append to."""
-    done: dict[str, dict[str, Any]] = {}
-    if not path.exists():
-        return done
-    good = 0
-    with path.open("rb") as fh:
-        for raw in fh:
-            try:
-                rec = json.loads(raw)
-            except json.JSONDecodeError:
-                break
-            if not raw.endswith(b"\n"):
-                break
-            done[rec["id"]] = rec
-            good += len(raw)
-    if good != path.stat().st_size:
-        with path.open("r+b") as fh:
-            fh.truncate(good)
-    return done
-
-
-class _Output:
-    def __init__(self, path: Path) -> None:
-        self.fh = path.open("a", encoding="utf-8")
-
-    def write(self, rec: dict[str, Any]) -> None:
-        self.fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        self.fh.flush()
-
-    def close(self) -> None:
-        self.fh.close()
-
-
 @dataclass
 class Progress:
     total: int
@@ -233,7 +198,7 @@ def mine_pools(
 
     idle = [start_actor() for _ in range(min(num_actors, len(queue)))]
     inflight: dict[ray.ObjectRef, tuple[ray.actor.ActorHandle, list[Pool]]] = {}
-    mined, rejects = _Output(mined_path), _Output(rejects_path)
+    mined, rejects = JsonlWriter(mined_path), JsonlWriter(rejects_path)
     try:
         while queue or inflight:
             while queue and idle:

@@ -83,13 +83,11 @@ class Chunker:
         self._cache: dict[str, list[Passage]] = {}
 
     def _embed(self, sentences: list[str]) -> np.ndarray:
-        if self._embedder is None:
-            from ctxpick.retrieval.embed import load_embedder
+        from ctxpick.retrieval.embed import encode, load_embedder
 
+        if self._embedder is None:
             self._embedder = load_embedder(self.cfg.embedder)
-        return self._embedder.encode(
-            sentences, batch_size=64, normalize_embeddings=True, convert_to_numpy=True
-        )
+        return encode(self._embedder, sentences)
 
     def _semantic_spans(self, docs: list[Document]) -> list[list[Span]]:
         sents = [sentence_spans(d) for d in docs]

@@ -30,3 +30,30 @@ def load_embedder(ref: str = "all-minilm-l6-v2") -> Any:
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(embedder_path(ref), device="cpu")
+
+
+def encode(model: Any, texts: list[str]) -> Any:
+    """Unit-norm embeddings, one row per text (so dot products are cosines)."""
+    return model.encode(
+        texts,
+        batch_size=64,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+    )
+
+
+class DenseRetriever:
+    """Cosine similarity of the question to every passage, with the bundled embedder.
+    Passage embeddings are cached per corpus (LoCoMo questions share a conversation)."""
+
+    def __init__(self, ref: str = "all-minilm-l6-v2") -> None:
+        self.model = load_embedder(ref)
+        self._corpus: tuple[str, Any] | None = None
+
+    def scores(self, item: Any) -> Any:
+        """``item``: a :class:`~ctxpick.data.schema.ChunkedExample`."""
+        cid = item.example.corpus_id
+        if self._corpus is None or self._corpus[0] != cid:
+            self._corpus = (cid, encode(self.model, [f"{p.title} {p.text}" for p in item.passages]))
+        return self._corpus[1] @ encode(self.model, [item.example.question])[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ctxpick.data.schema import ChunkedExample, Pool
 from ctxpick.retrieval.bm25 import BM25Index, build_index, tokenize, top_k
 
@@ -41,12 +43,17 @@ class PoolBuilder:
             self._index = (cid, index)
         return self._index[1]
 
-    def build(self, item: ChunkedExample) -> Pool:
+    def scores(self, item: ChunkedExample) -> np.ndarray:
+        """BM25 score of every passage of ``item`` for the configured query."""
         ex = item.example
         query = ex.question
         if self.cfg.query == "question_answer":
             query += " " + " ".join(ex.answers)
-        scores = self._corpus_index(item).get_scores(tokenize(query))
+        return np.asarray(self._corpus_index(item).get_scores(tokenize(query)))
+
+    def build(self, item: ChunkedExample) -> Pool:
+        ex = item.example
+        scores = self.scores(item)
         best = top_k(scores, self.cfg.k)
         return Pool(
             example_id=ex.id,

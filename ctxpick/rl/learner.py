@@ -3,7 +3,6 @@ One actor is one data-parallel rank; :class:`LearnerGroup` places and drives the
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import socket
@@ -42,6 +41,19 @@ class LearnerConfig:
     micro_batch_size: int = 4
     grad_clip: float = 1.0
     logprob_chunk: int = 256  # positions per LM-head chunk in the log-prob pass
+    lora_rank: int = 0  # > 0: train low-rank adapters only (merged for rollouts and final/)
+    lora_alpha: float = 16.0
+    lora_targets: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def __post_init__(self) -> None:
@@ -49,6 +61,8 @@ class LearnerConfig:
             raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
         if self.num_actors < 1 or self.micro_batch_size < 1:
             raise ValueError("learner needs num_actors >= 1 and micro_batch_size >= 1")
+        if self.lora_rank < 0 or (self.lora_rank and self.zero_stage == 3):
+            raise ValueError("lora_rank must be >= 0, and LoRA is not combined with ZeRO-3")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ValueError(f"unknown placement_strategy {self.placement_strategy!r}")
 
@@ -105,12 +119,19 @@ class Learner:
         )
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         self.model_path = init_from or resolve(self.cfg.model)
+        # No gradient checkpointing: it disables the KV cache the prompt-sharing forward
+        # relies on (ctxpick/rl/logprobs.py), which saves more than it would.
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.bfloat16)
-        model.gradient_checkpointing_enable()
+        if self.cfg.lora_rank:
+            from ctxpick.rl.lora import apply_lora
+
+            apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.lora_targets)
         # A torch optimizer: DeepSpeed's fused/CPU Adam need compiled ops that CPU-only
         # machines lack, and DeepSpeed's bf16 optimizer wraps it with fp32 master weights.
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=self.lr, weight_decay=self.cfg.weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=self.lr,
+            weight_decay=self.cfg.weight_decay,
         )
         warmup = self.cfg.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -134,29 +155,27 @@ class Learner:
         self,
         seqs: list[TrainSequence],
         total_tokens: int,
-        grad_accum: int,
         loss_fn: Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]],
     ) -> dict[str, float]:
-        """One optimizer step over this rank's share of a global batch. ``loss_fn`` returns a
-        summed loss; scaling by ``grad_accum * world / total_tokens`` undoes DeepSpeed's
-        mean over micro-batches and ranks, so the update is a token mean over the global batch.
-        """
-        from ctxpick.rl.logprobs import sequence_logprobs
-
-        self.engine.set_train_batch_size(self.cfg.micro_batch_size * grad_accum * self.world_size)
-        size = math.ceil(len(seqs) / grad_accum)
+        """One optimizer step over this rank's share of a global batch. A micro-batch is one
+        prompt with up to ``micro_batch_size`` of its responses. ``loss_fn`` returns a summed
+        loss; scaling by ``micro-batches * world / total_tokens`` undoes DeepSpeed's mean over
+        micro-batches and ranks, so the update is a token mean over the global batch."""
+        micro_batches = _micro_batches(seqs, self.cfg.micro_batch_size)
+        accum = len(micro_batches)
+        self.engine.set_train_batch_size(self.cfg.micro_batch_size * accum * self.world_size)
         totals: dict[str, float] = {}
-        for k in range(grad_accum):
-            micro = _collate(seqs[k * size : (k + 1) * size], self.device)
-            logp, entropy = sequence_logprobs(
-                self.engine, micro["ids"], micro["attn"], self.cfg.logprob_chunk
-            )
-            micro["entropy"] = entropy
-            loss_sum, stats = loss_fn(logp, micro)
-            scale = grad_accum * self.world_size / max(total_tokens, 1)
-            self.engine.backward(loss_sum * scale)
+        for group in micro_batches:
+            batch = _collate(group, self.device)
+            logp, entropy = self._logprobs(self.engine, batch)
+            loss_sum, stats = loss_fn(logp, batch)
+            self.engine.backward(loss_sum * accum * self.world_size / max(total_tokens, 1))
             self.engine.step()
-            stats = {**stats, "loss": loss_sum.detach(), "entropy": (entropy * micro["mask"]).sum()}
+            stats |= {
+                "loss": loss_sum.detach(),
+                "entropy": (entropy * batch["mask"]).sum(),
+                "tokens": batch["mask"].sum(),
+            }
             for name, value in stats.items():
                 totals[name] = totals.get(name, 0.0) + float(value)
         grad_norm = self.engine.get_global_grad_norm()
@@ -164,65 +183,69 @@ class Learner:
         totals["lr"] = float(self.scheduler.get_last_lr()[0])
         return totals
 
-    def sft_step(
-        self, seqs: list[TrainSequence], total_tokens: int, grad_accum: int = 1
-    ) -> dict[str, float]:
+    def _logprobs(self, model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+        from ctxpick.rl.logprobs import group_logprobs
+
+        return group_logprobs(
+            model, batch["prompt"], batch["ids"], batch["mask"], self.cfg.logprob_chunk
+        )
+
+    def sft_step(self, seqs: list[TrainSequence], total_tokens: int) -> dict[str, float]:
         """Token-mean next-token NLL on the responses: the optional warm start."""
 
-        def nll(logp: Any, micro: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-            return -(logp * micro["mask"]).sum(), {"tokens": micro["mask"].sum()}
+        def nll(logp: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            return -(logp * batch["mask"]).sum(), {}
 
-        return self._step(seqs, total_tokens, grad_accum, nll)
+        return self._step(seqs, total_tokens, nll)
 
-    def grpo_step(
-        self, seqs: list[TrainSequence], total_tokens: int, grad_accum: int = 1
-    ) -> dict[str, float]:
+    def grpo_step(self, seqs: list[TrainSequence], total_tokens: int) -> dict[str, float]:
         import torch
 
         from ctxpick.rl.grpo import grpo_token_loss
-        from ctxpick.rl.logprobs import sequence_logprobs
 
-        def loss(logp: Any, micro: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        def loss(logp: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
             ref = None
             if self.ref is not None:
                 with torch.no_grad():
-                    ref, _ = sequence_logprobs(self.ref, micro["ids"], micro["attn"])
+                    ref, _ = self._logprobs(self.ref, batch)
             # One update per rollout batch: the policy that sampled is the one being updated,
             # so old log-probs are the current ones, detached (ratio 1 in value, not in grad).
-            total, stats = grpo_token_loss(
+            return grpo_token_loss(
                 logp,
                 logp.detach(),
-                micro["adv"],
-                micro["mask"],
+                batch["adv"],
+                batch["mask"],
                 self.cfg.grpo,
                 ref_logp=ref,
-                sampler_logp=micro["sampler"],
+                sampler_logp=batch["sampler"],
             )
-            return total, {**stats, "tokens": micro["mask"].sum()}
 
-        return self._step(seqs, total_tokens, grad_accum, loss)
+        return self._step(seqs, total_tokens, loss)
 
     def logprobs(self, seqs: list[TrainSequence]) -> list[list[float]]:
         """Log-prob of each response token under the current weights."""
         import torch
 
-        from ctxpick.rl.logprobs import sequence_logprobs
-
+        out = []
         with torch.no_grad():
-            batch = _collate(seqs, self.device)
-            logp, _ = sequence_logprobs(self.engine, batch["ids"], batch["attn"])
-        return [logp[i, s.prompt_len - 1 : len(s.ids) - 1].tolist() for i, s in enumerate(seqs)]
+            for group in _micro_batches(seqs, self.cfg.micro_batch_size):
+                batch = _collate(group, self.device)
+                logp, _ = self._logprobs(self.engine, batch)
+                out += [logp[i, : len(s.ids) - s.prompt_len].tolist() for i, s in enumerate(group)]
+        return out
 
     # -- weights and checkpoints -------------------------------------------------------------
 
     def _full_state(self) -> dict[str, Any]:
+        """Whole (ZeRO-3: gathered) weights under the model's own names, LoRA merged."""
         import deepspeed
 
-        state = {}
-        for name, p in self.engine.module.named_parameters():
-            with deepspeed.zero.GatheredParameters([p], enabled=self.cfg.zero_stage == 3):
-                state[name] = p.detach().to("cpu", copy=True).contiguous()
-        return state
+        from ctxpick.rl.lora import merged_state
+
+        def gather(params: list[Any]) -> Any:
+            return deepspeed.zero.GatheredParameters(params, enabled=self.cfg.zero_stage == 3)
+
+        return merged_state(self.engine.module, gather)
 
     def weight_buckets(self, bucket_mb: int = 256) -> list[bytes]:
         """The weights as safetensors blobs of at most ``bucket_mb`` each: what the rollout
@@ -271,30 +294,44 @@ class Learner:
         return float(sum(t.float().sum() for t in self._full_state().values()))
 
 
-def _collate(seqs: list[TrainSequence], device: Any) -> dict[str, Any]:
-    """Right-padded ids, attention, response mask, advantages and sampler log-probs, all
-    aligned with the shifted targets (position t predicts token t+1)."""
+def _micro_batches(seqs: list[TrainSequence], size: int) -> list[list[TrainSequence]]:
+    """Consecutive sequences with the same prompt, at most ``size`` per micro-batch."""
+    out: list[list[TrainSequence]] = []
+    for s in seqs:
+        last = out[-1] if out else None
+        same = (
+            last and len(last) < size and last[0].ids[: last[0].prompt_len] == s.ids[: s.prompt_len]
+        )
+        if same:
+            last.append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def _collate(group: list[TrainSequence], device: Any) -> dict[str, Any]:
+    """One prompt and its right-padded responses, with the response mask, advantages and the
+    sampler's log-probs, all aligned with the response tokens."""
     import torch
 
-    width = max(len(s.ids) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    mask = torch.zeros(len(seqs), width - 1)
-    sampler = torch.zeros(len(seqs), width - 1)
-    for i, s in enumerate(seqs):
+    width = max(len(s.ids) - s.prompt_len for s in group)
+    ids = torch.zeros(len(group), width, dtype=torch.long)
+    mask = torch.zeros(len(group), width)
+    sampler = torch.zeros(len(group), width)
+    for i, s in enumerate(group):
         if not 0 < s.prompt_len < len(s.ids):
             raise ValueError(f"sequence {i}: prompt_len {s.prompt_len} of {len(s.ids)} tokens")
-        ids[i, : len(s.ids)] = torch.tensor(s.ids)
-        attn[i, : len(s.ids)] = 1
-        mask[i, s.prompt_len - 1 : len(s.ids) - 1] = 1
+        n = len(s.ids) - s.prompt_len
+        ids[i, :n] = torch.tensor(s.ids[s.prompt_len :])
+        mask[i, :n] = 1
         if s.sampler_logps is not None:
-            sampler[i, s.prompt_len - 1 : len(s.ids) - 1] = torch.tensor(s.sampler_logps)
-    has_sampler = all(s.sampler_logps is not None for s in seqs)
+            sampler[i, :n] = torch.tensor(s.sampler_logps)
+    has_sampler = all(s.sampler_logps is not None for s in group)
     return {
+        "prompt": torch.tensor(group[0].ids[: group[0].prompt_len]).to(device),
         "ids": ids.to(device),
-        "attn": attn.to(device),
         "mask": mask.to(device),
-        "adv": torch.tensor([s.advantage for s in seqs]).to(device),
+        "adv": torch.tensor([s.advantage for s in group]).to(device),
         "sampler": sampler.to(device) if has_sampler else None,
     }
 
@@ -331,20 +368,22 @@ class LearnerGroup:
         self.cfg = cfg
 
     def shards(self, seqs: list[TrainSequence]) -> list[list[TrainSequence]]:
+        """Whole prompt groups per rank (a group's prompt is run once), the same number each,
+        so every rank takes the same number of micro-batches."""
         n = len(self.actors)
-        if len(seqs) % n:
-            raise ValueError(f"{len(seqs)} sequences do not split over {n} learners")
-        return [seqs[r::n] for r in range(n)]
+        groups = _micro_batches(seqs, len(seqs))
+        if len(groups) % n:
+            raise ValueError(f"{len(groups)} prompt groups do not split over {n} learners")
+        return [[s for g in groups[r::n] for s in g] for r in range(n)]
 
     def step(self, method: str, seqs: list[TrainSequence]) -> dict[str, float]:
         """``sft_step`` or ``grpo_step`` on the global batch; statistics are summed over ranks
         and turned into token means (loss, entropy, kl, clip fraction)."""
         total_tokens = sum(len(s.ids) - s.prompt_len for s in seqs)
         shards = self.shards(seqs)
-        grad_accum = math.ceil(len(shards[0]) / self.cfg.micro_batch_size)
         results = ray.get(
             [
-                getattr(a, method).remote(s, total_tokens, grad_accum)
+                getattr(a, method).remote(s, total_tokens)
                 for a, s in zip(self.actors, shards, strict=True)
             ]
         )

@@ -1,9 +1,11 @@
-"""Per-token log-probabilities without materialising [batch, tokens, vocab] float32 logits.
+"""Per-token log-probabilities of a group of responses to one prompt.
 
-The model's final hidden states are projected through the LM head one chunk of positions at a
-time; each chunk's logits live only long enough to take a log-softmax, gather the target token
-and (optionally) the entropy, and are recomputed in backward (checkpointing), so peak memory
-holds one chunk.
+Two costs are avoided. The prompt -- most of a picker's tokens -- is run once per group, and
+its key/value cache is shared by every response (exact: the same attention, one forward pass
+for the prompt instead of G; gradients flow back through the shared cache). And logits are
+never materialised as a [batch, tokens, vocab] float32 tensor: hidden states go through the
+LM head one chunk of positions at a time, each chunk's logits living only long enough for a
+log-softmax, the target's log-prob and the entropy, recomputed in backward (checkpointing).
 """
 
 from __future__ import annotations
@@ -22,19 +24,32 @@ def _chunk_logprobs(
     return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
-def sequence_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 256
+def group_logprobs(
+    model: Any,
+    prompt: torch.Tensor,
+    responses: torch.Tensor,
+    mask: torch.Tensor,
+    chunk: int = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logp[b, t] = log p(input_ids[b, t+1] | input_ids[b, :t+1])`` and the entropy of that
-    distribution (no gradient), both [B, T-1] float32."""
+    """``prompt`` [P] and right-padded ``responses`` [G, L] with ``mask`` [G, L]:
+    ``logp[g, t] = log p(responses[g, t] | prompt, responses[g, :t])`` and that distribution's
+    entropy (no gradient), both [G, L] float32."""
     module = getattr(model, "module", model)
-    out = module.model(input_ids=input_ids, attention_mask=attention_mask)
-    hidden = out.last_hidden_state[:, :-1]
-    targets = input_ids[:, 1:]
+    body = module.model
+    g = responses.shape[0]
+    head = body(input_ids=prompt[None], use_cache=True)
+    cache = head.past_key_values
+    cache.batch_repeat_interleave(g)
+    attn = torch.cat([mask.new_ones(g, prompt.shape[0]), mask], dim=1)
+    tail = body(input_ids=responses, attention_mask=attn, past_key_values=cache, use_cache=True)
+    # Position P-1 (the prompt's last token) predicts response token 0.
+    hidden = torch.cat(
+        [head.last_hidden_state[:, -1:].expand(g, 1, -1), tail.last_hidden_state[:, :-1]], dim=1
+    )
     weight = module.get_output_embeddings().weight
     logps, entropies = [], []
     for s in range(0, hidden.shape[1], chunk):
-        h, t = hidden[:, s : s + chunk], targets[:, s : s + chunk]
+        h, t = hidden[:, s : s + chunk], responses[:, s : s + chunk]
         if torch.is_grad_enabled():
             lp, ent = checkpoint(_chunk_logprobs, h, weight, t, use_reentrant=False)
         else:

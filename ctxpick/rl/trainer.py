@@ -86,19 +86,9 @@ class Run:
         model = stage.init_from or cfg.picker.model
         if stage.init_from and not (Path(stage.init_from) / "config.json").exists():
             raise ConfigError(f"stage.init_from={stage.init_from} is not a model folder")
-        eng = rl.rollout
         # Engines load while the learners initialise.
-        self.engines = EnginePool.start(
-            model,
-            eng.num_actors,
-            num_cpus=eng.num_cpus_per_actor,
-            num_gpus=eng.num_gpus_per_actor,
-            wait=False,
-            max_model_len=eng.max_model_len,
-            cpu_kv_cache_gb=eng.cpu_kv_cache_gb,
-            gpu_memory_utilization=eng.gpu_memory_utilization,
-            seed=cfg.seed,
-            logprobs_mode="processed_logprobs",
+        self.engines = EnginePool.from_config(
+            model, rl.rollout, cfg.seed, wait=False, logprobs_mode="processed_logprobs"
         )
         self.learners = LearnerGroup(rl.learner, stage.lr, init_from=stage.init_from)
         self.engines.ready()
@@ -199,6 +189,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     )
     owned = run is None
     run = run or Run(cfg)
+    run.cfg = cfg  # reused actors serve this stage's prompts, sampling and reward
     state = _resume(run, out)
     tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), stage.name, asdict(cfg))
     metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)

@@ -1,0 +1,198 @@
+"""GRPO components against their plain references, in one run on the same inputs:
+
+* rollout workers (vLLM in a Ray actor, as the trainer drives them) vs plain in-process
+  ``vllm.LLM.generate`` -- generated tokens/s, same prompts and sampling;
+* DeepSpeed learner (a Ray actor, GRPO step) vs a plain PyTorch bf16 forward/backward/AdamW
+  step on the same sequences -- trained tokens/s;
+* weight sync (learner -> safetensors buckets -> in-place vLLM reload) as a share of the
+  step, and the step-time split.
+
+Prompts are the picker's, on real HotpotQA pools (the bundled sample without ../shared).
+Run: .venv/bin/python benchmarks/bench_rl.py [--prompts 8 --group 6 --steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from common import data_file
+
+from ctxpick.engines.base import SamplingConfig
+from ctxpick.picker.examples import truncate_words
+from ctxpick.picker.format import picker_chat
+
+MODEL = "smollm2-135m"
+THREADS = 2
+
+
+def picker_chats(n: int) -> list:
+    from ctxpick.data.loaders import load_examples
+    from ctxpick.data.schema import Passage
+    from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
+    from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
+
+    path = data_file("hotpotqa/migres_hotpot_200.jsonl", "hotpotqa_distractor_30.jsonl")
+    exs = load_examples(path, "hotpotqa", limit=n).examples
+    chunked = Chunker(ChunkingConfig(method="window", window_words=60)).chunk_all(exs)
+    builder = PoolBuilder(PoolConfig(k=8))
+    chats = []
+    for c in chunked:
+        pool = builder.build(c)
+        shown = [
+            Passage(p.pid, 0, 0, 0, truncate_words(p.text, 40), p.title) for p in pool.passages
+        ]
+        chats.append(picker_chat("Pick the passages needed to answer.", pool.question, shown))
+    return chats
+
+
+def ours(chats: list, sampling: SamplingConfig, steps: int) -> dict:
+    import ray
+    import torch
+
+    from ctxpick.engines.ray_pool import EngineConfig, EnginePool, init_ray
+    from ctxpick.rl.learner import LearnerConfig, LearnerGroup
+    from ctxpick.rl.rollout import Group, to_sequences
+
+    init_ray(num_cpus=8)
+    engines = EnginePool.from_config(
+        MODEL,
+        EngineConfig(num_cpus_per_actor=THREADS, max_model_len=4096, cpu_kv_cache_gb=2),
+        logprobs_mode="processed_logprobs",
+    )
+    engines.generate(chats[:1], sampling)  # warm-up
+    t0 = time.time()
+    outs = engines.generate(chats, sampling, batch_size=len(chats))
+    rollout_s = time.time() - t0
+    gen_tokens = sum(len(c.token_ids) for o in outs for c in o)
+
+    learners = LearnerGroup(
+        LearnerConfig(model=MODEL, num_cpus_per_actor=THREADS, micro_batch_size=8), lr=1e-6
+    )
+    adv = torch.randn(gen_tokens and sum(len(o) for o in outs)).tolist()
+    seqs = to_sequences([Group(None, o) for o in outs], adv)  # type: ignore[arg-type]
+    learners.step("grpo_step", seqs)  # warm-up
+    learn, sync = [], []
+    for _ in range(steps):
+        t0 = time.time()
+        learners.step("grpo_step", seqs)
+        learn.append(time.time() - t0)
+        t0 = time.time()
+        engines.load_weights(learners.actors[0].weight_buckets.remote(256))
+        sync.append(time.time() - t0)
+    engines.shutdown()
+    learners.shutdown()
+    ray.shutdown()
+    trained = sum(len(s.ids) for s in seqs)
+    return {
+        "seqs": seqs,
+        "rollout_s": rollout_s,
+        "gen_tokens": gen_tokens,
+        "learn_s": min(learn),
+        "sync_s": min(sync),
+        "trained_tokens": trained,
+    }
+
+
+def plain_vllm(chats: list, sampling: SamplingConfig) -> tuple[float, int]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from ctxpick.engines.models import resolve
+    from ctxpick.engines.vllm_engine import chat_prompt_ids
+
+    llm = LLM(
+        model=resolve(MODEL),
+        max_model_len=4096,
+        dtype="bfloat16",
+        seed=0,
+        enable_prefix_caching=True,
+        enforce_eager=True,
+    )
+    tok = llm.get_tokenizer()
+    prompts = [TokensPrompt(prompt_token_ids=chat_prompt_ids(tok, c)) for c in chats]
+    params = SamplingParams(
+        n=sampling.n,
+        temperature=sampling.temperature,
+        max_tokens=sampling.max_tokens,
+        seed=sampling.seed,
+        logprobs=0,
+    )
+    llm.generate(prompts[:1], params, use_tqdm=False)
+    t0 = time.time()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    secs = time.time() - t0
+    del llm
+    return secs, sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+
+def plain_torch(seqs: list, steps: int) -> float:
+    """Forward/backward/AdamW in bf16 with full logits: micro-batches of 8, right-padded."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ctxpick.engines.models import resolve
+
+    torch.set_num_threads(THREADS)
+    model = AutoModelForCausalLM.from_pretrained(resolve(MODEL), dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step() -> None:
+        for i in range(0, len(seqs), 8):
+            chunk = seqs[i : i + 8]
+            width = max(len(s.ids) for s in chunk)
+            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            for j, s in enumerate(chunk):
+                ids[j, : len(s.ids)] = torch.tensor(s.ids)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            (-logp.mean()).backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    times = []
+    for _ in range(steps):
+        t0 = time.time()
+        step()
+        times.append(time.time() - t0)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    chats = picker_chats(args.prompts)
+    sampling = SamplingConfig(temperature=1.0, max_tokens=64, n=args.group, seed=0, logprobs=True)
+    r = ours(chats, sampling, args.steps)
+    vllm_s, vllm_tokens = plain_vllm(chats, sampling)
+    torch_s = plain_torch(r["seqs"], args.steps)
+    ours_tps, ref_tps = r["gen_tokens"] / r["rollout_s"], vllm_tokens / vllm_s
+    learn_tps, torch_tps = r["trained_tokens"] / r["learn_s"], r["trained_tokens"] / torch_s
+    step_s = r["rollout_s"] + r["learn_s"] + r["sync_s"]
+    print(f"\n{args.prompts} picker prompts x {args.group} samples, {MODEL}, {THREADS} threads\n")
+    print("| component | ours | reference | ratio | target |")
+    print("|---|---|---|---|---|")
+    rows = [
+        ("rollout generated tok/s", ours_tps, ref_tps, "plain vLLM generate", ">= 0.9x"),
+        ("learner trained tok/s", learn_tps, torch_tps, "plain PyTorch bf16", ">= 0.8x"),
+    ]
+    for name, a, b, ref, target in rows:
+        print(f"| {name} | {a:.0f} | {b:.0f} ({ref}) | {a / b:.2f}x | {target} |")
+    share = r["sync_s"] / step_s
+    print(f"| weight sync s / step s | {r['sync_s']:.2f} | {step_s:.2f} | {share:.1%} | <= 10% |")
+    print(
+        f"\nstep split: rollout {r['rollout_s']:.1f}s ({r['rollout_s'] / step_s:.0%}), learn "
+        f"{r['learn_s']:.1f}s ({r['learn_s'] / step_s:.0%}), sync {r['sync_s']:.2f}s "
+        f"({r['sync_s'] / step_s:.0%}); {r['trained_tokens']} trained tokens, "
+        f"{r['gen_tokens']} generated"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""`ctxpick eval`: retrieve -> select -> generate -> judge for every configured method on any
+supported dataset file, with the context each method sends. Per-(question, method) records
+are appended to ``examples.jsonl`` and a re-run skips the pairs already there."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from ctxpick.config import Config, ConfigError
+from ctxpick.data.loaders import load_sources
+from ctxpick.data.schema import Passage
+from ctxpick.engines.base import SamplingConfig
+from ctxpick.engines.models import resolve
+from ctxpick.engines.prompts import answer_chat, format_passages
+from ctxpick.engines.ray_pool import EnginePool, init_ray, print_progress
+from ctxpick.eval import methods as M
+from ctxpick.eval.report import (
+    MethodResult,
+    aggregate,
+    detail_table,
+    main_table,
+    plot_accuracy_vs_tokens,
+)
+from ctxpick.jsonl import JsonlWriter, read_done
+from ctxpick.judge.judges import JudgeItem, make_judge
+from ctxpick.judge.rules import exact_match, token_f1
+from ctxpick.picker.inference import Picker
+from ctxpick.retrieval.chunking import Chunker
+from ctxpick.retrieval.pools import PoolBuilder
+from ctxpick.tracking import Tracker
+
+
+def method_labels(cfg: Config, dataset: str) -> list[str]:
+    ks = cfg.eval.topk_by_dataset.get(dataset, cfg.eval.topk)
+    labels = []
+    for m in cfg.eval.methods:
+        if m in ("bm25", "dense"):
+            labels += [f"{m}@{k}" for k in ks]
+        elif m == "picker":
+            labels += [f"picker:{name}" for name in cfg.eval.pickers]
+        else:
+            labels.append(m)
+    return labels
+
+
+def retrieve(cfg: Config) -> list[M.Retrieved]:
+    examples = load_sources(
+        cfg.data.sources, cfg.data.strict, Path(cfg.output_dir) / "rejects.jsonl"
+    )
+    chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
+    bm25 = PoolBuilder(cfg.retrieval.pool)
+    dense = None
+    if "dense" in cfg.eval.methods:
+        from ctxpick.retrieval.embed import DenseRetriever
+
+        dense = DenseRetriever(cfg.retrieval.chunking.embedder)
+    out = []
+    for item in chunked:
+        scores = bm25.scores(item)
+        pool = [int(i) for i in M.top_k(scores, cfg.retrieval.pool.k)]
+        out.append(M.Retrieved(item, scores, pool, dense.scores(item) if dense else None))
+    return out
+
+
+def select(
+    cfg: Config, items: list[M.Retrieved]
+) -> dict[str, list[tuple[list[Passage] | None, float, dict[str, Any]]]]:
+    """``{method: [(passages or None if not applicable, seconds, extra) per item]}``."""
+    labels = sorted({m for r in items for m in method_labels(cfg, r.item.example.dataset)})
+    out: dict[str, list[tuple[list[Passage] | None, float, dict[str, Any]]]] = {}
+    for label in labels:
+        if label.startswith("picker:"):
+            continue
+        rows = []
+        for r in items:
+            t0 = time.time()
+            if label not in method_labels(cfg, r.item.example.dataset):
+                rows.append((None, 0.0, {}))
+                continue
+            kind, _, k = label.partition("@")
+            if kind == "none":
+                chosen: list[Passage] | None = []
+            elif kind == "bm25":
+                chosen = M.top_passages(r, r.bm25, int(k))
+            elif kind == "dense":
+                chosen = M.top_passages(r, r.dense, int(k))
+            elif kind == "adaptive":
+                chosen = M.adaptive(r, cfg.eval.adaptive_min_k)
+            elif kind == "full_pool":
+                chosen = [r.item.passages[i] for i in r.pool]
+            else:
+                chosen = M.oracle(r)
+            rows.append((chosen, time.time() - t0, {}))
+        out[label] = rows
+    for name, path in cfg.eval.pickers.items():
+        out[f"picker:{name}"] = _pick(cfg, path, items)
+    return out
+
+
+def _pick(
+    cfg: Config, path: str, items: list[M.Retrieved]
+) -> list[tuple[list[Passage] | None, float, dict[str, Any]]]:
+    if not (Path(path) / "config.json").exists():
+        raise ConfigError(f"eval.pickers: {path} is not a model folder (a stage's final/)")
+    engines = EnginePool.from_config(path, cfg.rl.rollout, cfg.seed)
+    p = cfg.picker
+    picker = Picker(engines, p.instruction, p.max_passages, p.max_passage_words, p.max_tokens)
+    t0 = time.time()
+    picks = picker.pick(
+        [r.item.example.question for r in items],
+        [[r.item.passages[i] for i in r.pool] for r in items],
+    )
+    per_item = (time.time() - t0) / max(len(items), 1)
+    engines.shutdown()
+    return [
+        (
+            pk.passages,
+            per_item,
+            {"pick_valid": pk.valid, "pick_output": pk.text, "pick_invalid_reason": pk.reason},
+        )
+        for pk in picks
+    ]
+
+
+def run_eval(cfg: Config) -> Path:
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    print(f"[1/4] loading, chunking and retrieving ({', '.join(cfg.eval.methods)})", flush=True)
+    init_ray(cfg.ray.address, cfg.ray.num_cpus)
+    items = retrieve(cfg)
+    print(f"[2/4] selecting: {len(items)} questions", flush=True)
+    selections = select(cfg, items)
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(cfg.eval.tokenizer or cfg.model.name))
+
+    def count(p: Passage) -> int:
+        return len(tokenizer.encode(format_passages([p]), add_special_tokens=False))
+
+    print(f"[3/4] generating with {cfg.model.name} and judging ({cfg.judge.mode})", flush=True)
+    records_path = out / "examples.jsonl"
+    done = read_done(records_path)
+    writer = JsonlWriter(records_path)
+    eng = cfg.model.engine
+    engines = EnginePool.from_config(cfg.model.name, eng, cfg.seed)
+    judge = make_judge(cfg.judge, engines)
+    sampling = SamplingConfig(
+        temperature=cfg.generator.temperature, max_tokens=cfg.generator.max_tokens, seed=cfg.seed
+    )
+    timings: dict[tuple[str, str], dict[str, float]] = {}
+    for label, rows in selections.items():
+        todo = []
+        for r, (chosen, secs, extra) in zip(items, rows, strict=True):
+            ex = r.item.example
+            if chosen is None or f"{ex.id}|{label}" in done:
+                continue
+            capped, cut = M.apply_budget(chosen, cfg.eval.token_budget, count)
+            todo.append((r, capped, cut, secs, extra))
+        if not todo:
+            continue
+        chats = [
+            answer_chat(r.item.example.question, capped, cfg.generator.system)
+            for r, capped, *_ in todo
+        ]
+        t0 = time.time()
+        outs = engines.generate(chats, sampling, eng.batch_size, print_progress(label))
+        t1 = time.time()
+        preds = [o[0].text.strip() for o in outs]
+        verdicts = judge(
+            [
+                JudgeItem(
+                    r.item.example.question,
+                    tuple(r.item.example.answers),
+                    pred,
+                    bool(r.item.example.meta.get("unanswerable")),
+                )
+                for (r, *_), pred in zip(todo, preds, strict=True)
+            ]
+        )
+        t2 = time.time()
+        for (r, capped, cut, secs, extra), o, pred, ok in zip(
+            todo, outs, preds, verdicts, strict=True
+        ):
+            ex = r.item.example
+            rec = _record(
+                ex,
+                label,
+                capped,
+                cut,
+                secs,
+                extra,
+                o[0].prompt_tokens,
+                pred,
+                ok,
+                r.item.gold_pids,
+                count,
+            )
+            writer.write(rec)
+            done[rec["id"]] = rec
+        for ds in {r.item.example.dataset for r, *_ in todo}:
+            n = sum(r.item.example.dataset == ds for r, *_ in todo)
+            share = n / len(todo)
+            timings[(ds, label)] = {"generate": (t1 - t0) * share, "judge": (t2 - t1) * share}
+    writer.close()
+    engines.shutdown()
+
+    print("[4/4] report", flush=True)
+    records = [r for r in done.values()]
+    results = aggregate(records, timings)
+    labels = list(
+        dict.fromkeys(m for r in items for m in method_labels(cfg, r.item.example.dataset))
+    )
+    table = main_table(results, labels)
+    detail = detail_table(results)
+    plots = plot_accuracy_vs_tokens(results, out)
+    budget = (
+        f"token budget: {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
+    )
+    report = (
+        f"# ctxpick evaluation\n\nGenerator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}.\n"
+        f"acc = judged answer accuracy (%), tok = mean context tokens sent to the generator.\n\n"
+        f"{table}\n\n## Details\n\n{detail}\n"
+    )
+    (out / "report.md").write_text(report, encoding="utf-8")
+    (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), "eval", asdict(cfg))
+    tracker.log(
+        {},
+        tables={
+            "results": (
+                [f.name for f in fields(MethodResult)],
+                [list(asdict(r).values()) for r in results],
+            )
+        },
+        images={p.stem: p for p in plots},
+    )
+    tracker.finish()
+    print(f"\n{table}\n")
+    print(f"report: {out / 'report.md'}\nper-example results: {records_path}")
+    print("plots: " + ", ".join(str(p) for p in plots))
+    print(f"done in {time.time() - t_start:.0f}s", flush=True)
+    return out / "report.md"
+
+
+def _record(
+    ex: Any,
+    label: str,
+    passages: list[Passage],
+    cut: bool,
+    secs: float,
+    extra: dict[str, Any],
+    prompt_tokens: int,
+    pred: str,
+    ok: bool,
+    gold: list[str] | None,
+    count: Any,
+) -> dict[str, Any]:
+    chosen = {p.pid for p in passages}
+    recall = precision = None
+    if gold:
+        hit = len(chosen & set(gold))
+        recall = hit / len(gold)
+        precision = hit / len(chosen) if chosen else None
+    return {
+        "id": f"{ex.id}|{label}",
+        "example_id": ex.id,
+        "dataset": ex.dataset,
+        "method": label,
+        "question": ex.question,
+        "answers": ex.answers,
+        "prediction": pred,
+        "correct": ok,
+        "em": exact_match(pred, ex.answers),
+        "f1": token_f1(pred, ex.answers),
+        "passages": len(passages),
+        "passage_ids": [p.pid for p in passages],
+        "context_tokens": sum(count(p) for p in passages),
+        "prompt_tokens": prompt_tokens,
+        "budget_cut": cut,
+        "evidence_recall": recall,
+        "evidence_precision": precision,
+        "select_s": secs,
+        **extra,
+    }
