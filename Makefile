@@ -53,6 +53,7 @@ test-fast: lint
 bench: models
 	$(BIN)/python benchmarks/bench_bm25.py
 	$(BIN)/python benchmarks/bench_models.py
+	$(BIN)/python benchmarks/bench_rl.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

@@ -77,22 +77,22 @@ def test_each_baseline_selects_from_real_samples(tmp_path):
     sel = select(cfg, items)
     for i, r in enumerate(items):
         hotpot = r.item.example.dataset == "hotpotqa"
-        assert sel["none"][i][0] == []
+        assert sel["none"][i].passages == []
         if hotpot:
-            assert len(sel["bm25@2"][i][0]) == 2 and len(sel["dense@4"][i][0]) == 4
-            assert sel["bm25@3"][i][0] is None  # not a method for this dataset
+            assert len(sel["bm25@2"][i].passages) == 2 and len(sel["dense@4"][i].passages) == 4
+            assert sel["bm25@3"][i].passages is None  # not a method for this dataset
             # BM25 top-k are the best-scored passages, dense top-k the most similar
             best = max(r.bm25)
-            assert r.bm25[r.item.passages.index(sel["bm25@2"][i][0][0])] == best
-            top_dense = sel["dense@2"][i][0][0]
+            assert r.bm25[r.item.passages.index(sel["bm25@2"][i].passages[0])] == best
+            top_dense = sel["dense@2"][i].passages[0]
             assert r.dense[r.item.passages.index(top_dense)] == pytest.approx(max(r.dense))
         else:
-            assert len(sel["bm25@3"][i][0]) == 3 and sel["bm25@2"][i][0] is None
-        assert len(sel["full_pool"][i][0]) == 6
-        assert 1 <= len(sel["adaptive"][i][0]) <= 6
-        assert sel["adaptive"][i][0] == sel["full_pool"][i][0][: len(sel["adaptive"][i][0])]
+            assert len(sel["bm25@3"][i].passages) == 3 and sel["bm25@2"][i].passages is None
+        assert len(sel["full_pool"][i].passages) == 6
+        cut = sel["adaptive"][i].passages
+        assert 1 <= len(cut) <= 6 and cut == sel["full_pool"][i].passages[: len(cut)]
         gold = set(r.item.gold_pids or [])
-        assert {p.pid for p in sel["oracle"][i][0]} == gold and gold
+        assert {p.pid for p in sel["oracle"][i].passages} == gold and gold
 
 
 def test_config_refuses_unknown_methods(tmp_path):

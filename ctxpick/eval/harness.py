@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,17 @@ def method_labels(cfg: Config, dataset: str) -> list[str]:
     return labels
 
 
+def all_labels(cfg: Config, items: list[M.Retrieved]) -> list[str]:
+    """Every method label any dataset uses, in table order: by method, then by K."""
+
+    def order(label: str) -> tuple[int, int, str]:
+        kind, _, k = label.partition("@")
+        return M.METHODS.index(kind.partition(":")[0]), int(k or 0), label
+
+    labels = {m for r in items for m in method_labels(cfg, r.item.example.dataset)}
+    return sorted(labels, key=order)
+
+
 def retrieve(cfg: Config) -> list[M.Retrieved]:
     examples = load_sources(
         cfg.data.sources, cfg.data.strict, Path(cfg.output_dir) / "rejects.jsonl"
@@ -66,44 +78,26 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
     return out
 
 
-def select(
-    cfg: Config, items: list[M.Retrieved]
-) -> dict[str, list[tuple[list[Passage] | None, float, dict[str, Any]]]]:
-    """``{method: [(passages or None if not applicable, seconds, extra) per item]}``."""
-    labels = sorted({m for r in items for m in method_labels(cfg, r.item.example.dataset)})
-    out: dict[str, list[tuple[list[Passage] | None, float, dict[str, Any]]]] = {}
-    for label in labels:
+def select(cfg: Config, items: list[M.Retrieved]) -> dict[str, list[M.Selection]]:
+    """Every method's selection for every question (``passages=None`` where a method does not
+    apply to the question's dataset or the question has no gold evidence)."""
+    out: dict[str, list[M.Selection]] = {}
+    for label in all_labels(cfg, items):
         if label.startswith("picker:"):
             continue
         rows = []
         for r in items:
             t0 = time.time()
-            if label not in method_labels(cfg, r.item.example.dataset):
-                rows.append((None, 0.0, {}))
-                continue
-            kind, _, k = label.partition("@")
-            if kind == "none":
-                chosen: list[Passage] | None = []
-            elif kind == "bm25":
-                chosen = M.top_passages(r, r.bm25, int(k))
-            elif kind == "dense":
-                chosen = M.top_passages(r, r.dense, int(k))
-            elif kind == "adaptive":
-                chosen = M.adaptive(r, cfg.eval.adaptive_min_k)
-            elif kind == "full_pool":
-                chosen = [r.item.passages[i] for i in r.pool]
-            else:
-                chosen = M.oracle(r)
-            rows.append((chosen, time.time() - t0, {}))
+            applies = label in method_labels(cfg, r.item.example.dataset)
+            chosen = M.baseline(label, r, cfg.eval.adaptive_min_k) if applies else None
+            rows.append(M.Selection(chosen, time.time() - t0))
         out[label] = rows
     for name, path in cfg.eval.pickers.items():
         out[f"picker:{name}"] = _pick(cfg, path, items)
     return out
 
 
-def _pick(
-    cfg: Config, path: str, items: list[M.Retrieved]
-) -> list[tuple[list[Passage] | None, float, dict[str, Any]]]:
+def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]:
     if not (Path(path) / "config.json").exists():
         raise ConfigError(f"eval.pickers: {path} is not a model folder (a stage's final/)")
     engines = EnginePool.from_config(path, cfg.rl.rollout, cfg.seed)
@@ -117,13 +111,58 @@ def _pick(
     per_item = (time.time() - t0) / max(len(items), 1)
     engines.shutdown()
     return [
-        (
+        M.Selection(
             pk.passages,
             per_item,
             {"pick_valid": pk.valid, "pick_output": pk.text, "pick_invalid_reason": pk.reason},
         )
         for pk in picks
     ]
+
+
+class _Answerer:
+    """Generates from each method's passages and judges the answers, one method per batch
+    (so each method's generation and judging time is its own)."""
+
+    def __init__(self, cfg: Config, engines: EnginePool, count: Callable[[Passage], int]) -> None:
+        self.cfg, self.engines, self.count = cfg, engines, count
+        self.judge = make_judge(cfg.judge, engines)
+        self.sampling = SamplingConfig(
+            temperature=cfg.generator.temperature,
+            max_tokens=cfg.generator.max_tokens,
+            seed=cfg.seed,
+        )
+
+    def __call__(
+        self, label: str, todo: list[tuple[M.Retrieved, M.Selection]]
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        cfg = self.cfg
+        capped = [
+            M.apply_budget(sel.passages or [], cfg.eval.token_budget, self.count) for _, sel in todo
+        ]
+        chats = [
+            answer_chat(r.item.example.question, ps, cfg.generator.system)
+            for (r, _), (ps, _) in zip(todo, capped, strict=True)
+        ]
+        t0 = time.time()
+        outs = self.engines.generate(
+            chats, self.sampling, cfg.model.engine.batch_size, print_progress(label)
+        )
+        t1 = time.time()
+        preds = [o[0].text.strip() for o in outs]
+        items = [
+            JudgeItem(ex.question, tuple(ex.answers), pred, bool(ex.meta.get("unanswerable")))
+            for ex, pred in zip((r.item.example for r, _ in todo), preds, strict=True)
+        ]
+        verdicts = self.judge(items)
+        t2 = time.time()
+        records = [
+            _record(r, label, ps, cut, sel, o[0].prompt_tokens, pred, ok, self.count)
+            for (r, sel), (ps, cut), o, pred, ok in zip(
+                todo, capped, outs, preds, verdicts, strict=True
+            )
+        ]
+        return records, {"generate": t1 - t0, "judge": t2 - t1}
 
 
 def run_eval(cfg: Config) -> Path:
@@ -145,99 +184,46 @@ def run_eval(cfg: Config) -> Path:
 
     print(f"[3/4] generating with {cfg.model.name} and judging ({cfg.judge.mode})", flush=True)
     records_path = out / "examples.jsonl"
-    done = read_done(records_path)
+    done = read_done(records_path)  # a re-run skips the (question, method) pairs written
     writer = JsonlWriter(records_path)
-    eng = cfg.model.engine
-    engines = EnginePool.from_config(cfg.model.name, eng, cfg.seed)
-    judge = make_judge(cfg.judge, engines)
-    sampling = SamplingConfig(
-        temperature=cfg.generator.temperature, max_tokens=cfg.generator.max_tokens, seed=cfg.seed
-    )
+    engines = EnginePool.from_config(cfg.model.name, cfg.model.engine, cfg.seed)
+    answer = _Answerer(cfg, engines, count)
     timings: dict[tuple[str, str], dict[str, float]] = {}
     for label, rows in selections.items():
-        todo = []
-        for r, (chosen, secs, extra) in zip(items, rows, strict=True):
-            ex = r.item.example
-            if chosen is None or f"{ex.id}|{label}" in done:
-                continue
-            capped, cut = M.apply_budget(chosen, cfg.eval.token_budget, count)
-            todo.append((r, capped, cut, secs, extra))
+        todo = [
+            (r, sel)
+            for r, sel in zip(items, rows, strict=True)
+            if sel.passages is not None and f"{r.item.example.id}|{label}" not in done
+        ]
         if not todo:
             continue
-        chats = [
-            answer_chat(r.item.example.question, capped, cfg.generator.system)
-            for r, capped, *_ in todo
-        ]
-        t0 = time.time()
-        outs = engines.generate(chats, sampling, eng.batch_size, print_progress(label))
-        t1 = time.time()
-        preds = [o[0].text.strip() for o in outs]
-        verdicts = judge(
-            [
-                JudgeItem(
-                    r.item.example.question,
-                    tuple(r.item.example.answers),
-                    pred,
-                    bool(r.item.example.meta.get("unanswerable")),
-                )
-                for (r, *_), pred in zip(todo, preds, strict=True)
-            ]
-        )
-        t2 = time.time()
-        for (r, capped, cut, secs, extra), o, pred, ok in zip(
-            todo, outs, preds, verdicts, strict=True
-        ):
-            ex = r.item.example
-            rec = _record(
-                ex,
-                label,
-                capped,
-                cut,
-                secs,
-                extra,
-                o[0].prompt_tokens,
-                pred,
-                ok,
-                r.item.gold_pids,
-                count,
-            )
+        records, seconds = answer(label, todo)
+        for rec in records:
             writer.write(rec)
             done[rec["id"]] = rec
-        for ds in {r.item.example.dataset for r, *_ in todo}:
-            n = sum(r.item.example.dataset == ds for r, *_ in todo)
-            share = n / len(todo)
-            timings[(ds, label)] = {"generate": (t1 - t0) * share, "judge": (t2 - t1) * share}
+        for ds in {r.item.example.dataset for r, _ in todo}:
+            share = sum(r.item.example.dataset == ds for r, _ in todo) / len(todo)
+            timings[(ds, label)] = {k: v * share for k, v in seconds.items()}
     writer.close()
     engines.shutdown()
 
     print("[4/4] report", flush=True)
-    records = [r for r in done.values()]
-    results = aggregate(records, timings)
-    labels = list(
-        dict.fromkeys(m for r in items for m in method_labels(cfg, r.item.example.dataset))
-    )
-    table = main_table(results, labels)
-    detail = detail_table(results)
+    results = aggregate(list(done.values()), timings)
+    table = main_table(results, all_labels(cfg, items))
     plots = plot_accuracy_vs_tokens(results, out)
-    budget = (
-        f"token budget: {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
-    )
-    report = (
+    budget = f"token budget {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
+    (out / "report.md").write_text(
         f"# ctxpick evaluation\n\nGenerator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}.\n"
-        f"acc = judged answer accuracy (%), tok = mean context tokens sent to the generator.\n\n"
-        f"{table}\n\n## Details\n\n{detail}\n"
+        "acc = judged answer accuracy (%), tok = mean context tokens sent to the generator.\n\n"
+        f"{table}\n\n## Details\n\n{detail_table(results)}\n",
+        encoding="utf-8",
     )
-    (out / "report.md").write_text(report, encoding="utf-8")
     (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
     tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), "eval", asdict(cfg))
+    columns = [f.name for f in fields(MethodResult)]
     tracker.log(
         {},
-        tables={
-            "results": (
-                [f.name for f in fields(MethodResult)],
-                [list(asdict(r).values()) for r in results],
-            )
-        },
+        tables={"results": (columns, [list(asdict(r).values()) for r in results])},
         images={p.stem: p for p in plots},
     )
     tracker.finish()
@@ -249,18 +235,17 @@ def run_eval(cfg: Config) -> Path:
 
 
 def _record(
-    ex: Any,
+    r: M.Retrieved,
     label: str,
     passages: list[Passage],
     cut: bool,
-    secs: float,
-    extra: dict[str, Any],
+    sel: M.Selection,
     prompt_tokens: int,
     pred: str,
     ok: bool,
-    gold: list[str] | None,
-    count: Any,
+    count: Callable[[Passage], int],
 ) -> dict[str, Any]:
+    ex, gold = r.item.example, r.item.gold_pids
     chosen = {p.pid for p in passages}
     recall = precision = None
     if gold:
@@ -285,6 +270,6 @@ def _record(
         "budget_cut": cut,
         "evidence_recall": recall,
         "evidence_precision": precision,
-        "select_s": secs,
-        **extra,
+        "select_s": sel.seconds,
+        **sel.extra,
     }

@@ -13,7 +13,8 @@ the generator will read; the token budget then caps what any of them may send.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,35 @@ class Retrieved:
     bm25: np.ndarray  # BM25 score of each passage for the question
     pool: list[int]  # indices of the inference pool, best first
     dense: np.ndarray | None = None  # cosine similarity, when dense methods run
+
+
+@dataclass
+class Selection:
+    """What one method sends for one question."""
+
+    passages: list[Passage] | None  # None: the method does not apply (oracle without gold)
+    seconds: float = 0.0  # retrieval + selection time for this question
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the picker's raw output
+
+
+def baseline(label: str, r: Retrieved, adaptive_min_k: int = 1) -> list[Passage] | None:
+    """The passages of a non-picker method label (``none``, ``bm25@5``, ``dense@10``, ...)."""
+    kind, _, k = label.partition("@")
+    if kind == "none":
+        return []
+    if kind == "bm25":
+        return top_passages(r, r.bm25, int(k))
+    if kind == "dense":
+        if r.dense is None:
+            raise ValueError("dense Top-K needs dense scores: add 'dense' to eval.methods")
+        return top_passages(r, r.dense, int(k))
+    if kind == "adaptive":
+        return adaptive(r, adaptive_min_k)
+    if kind == "full_pool":
+        return [r.item.passages[i] for i in r.pool]
+    if kind == "oracle":
+        return oracle(r)
+    raise ValueError(f"unknown method label {label!r}")
 
 
 def top_passages(r: Retrieved, scores: np.ndarray, k: int) -> list[Passage]:

@@ -28,6 +28,7 @@ class PickerExample:
     passages: tuple[Passage, ...]
     gold: tuple[int, ...]  # 1-based positions of the mined minimal set in ``passages``
     split: str
+    human_gold: tuple[int, ...] = ()  # positions of the dataset's own evidence, where it has one
 
 
 def truncate_words(text: str, max_words: int) -> str:
@@ -51,15 +52,17 @@ def examples_from_record(
             f"record {rec['id']}: mined set of {len(gold_pids)} passages exceeds "
             f"picker.max_passages={max_passages}"
         )
-    others = [p for p in rec["pool"] if p["pid"] not in gold_pids]
-    chosen = [p for p in rec["pool"] if p["pid"] in gold_pids] + others
-    chosen = chosen[:max_passages]
+    human = set(rec.get("human_gold") or ())
+    # Mined passages first, then the human evidence, then the best-ranked others.
+    rank = {p["pid"]: (p["pid"] not in gold_pids, p["pid"] not in human) for p in rec["pool"]}
+    chosen = sorted(rec["pool"], key=lambda p: rank[p["pid"]])[:max_passages]
     out = []
     for k, question in enumerate([rec["question"], *rec.get("rewrites", [])]):
         order = list(chosen)
         random.Random(f"{seed}:{rec['id']}:{k}").shuffle(order)
         passages = tuple(_passage(p, max_words) for p in order)
         gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in gold_pids))
+        human_gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in human))
         out.append(
             PickerExample(
                 id=rec["id"] if k == 0 else f"{rec['id']}#rw{k}",
@@ -70,6 +73,7 @@ def examples_from_record(
                 passages=passages,
                 gold=gold,
                 split=rec["split"],
+                human_gold=human_gold,
             )
         )
     return out
@@ -94,7 +98,11 @@ def load_picker_examples(
 
 
 def warm_start_pick(ex: PickerExample) -> Pick:
-    """The supervised target of the optional warm start: the mined set, with a rationale
-    built from the chosen passages' titles (no teacher model is needed)."""
-    parts = [f"[{i}] {ex.passages[i - 1].title or 'this passage'}" for i in ex.gold]
-    return Pick(f"The answer needs {', '.join(parts)}.", ex.gold)
+    """The supervised target of the optional warm start: the mined set together with the
+    dataset's own evidence, with a rationale naming the chosen passages' titles (no teacher
+    model is needed). The union teaches the format and a recall-first habit for Stage I to
+    refine and Stage II to compress: mined sets alone are often a single passage, and a
+    picker copying them never samples a larger set for GRPO to compare."""
+    ids = tuple(sorted(set(ex.gold) | set(ex.human_gold)))
+    parts = [f"[{i}] {ex.passages[i - 1].title or 'this passage'}" for i in ids]
+    return Pick(f"The answer needs {', '.join(parts)}.", ids)

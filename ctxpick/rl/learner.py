@@ -336,6 +336,15 @@ def _collate(group: list[TrainSequence], device: Any) -> dict[str, Any]:
     }
 
 
+def shard_groups(seqs: list[TrainSequence], n: int) -> list[list[TrainSequence]]:
+    """Whole prompt groups per rank (a group's prompt is run once), the same number each, so
+    every rank takes the same number of micro-batches."""
+    groups = _micro_batches(seqs, len(seqs))
+    if len(groups) % n:
+        raise ValueError(f"{len(groups)} prompt groups do not split over {n} learners")
+    return [[s for g in groups[r::n] for s in g] for r in range(n)]
+
+
 class LearnerGroup:
     """Data-parallel learners placed by a placement group; every call goes to all ranks."""
 
@@ -367,20 +376,11 @@ class LearnerGroup:
         ray.get([a.setup.remote(addr, port, init_from) for a in self.actors])
         self.cfg = cfg
 
-    def shards(self, seqs: list[TrainSequence]) -> list[list[TrainSequence]]:
-        """Whole prompt groups per rank (a group's prompt is run once), the same number each,
-        so every rank takes the same number of micro-batches."""
-        n = len(self.actors)
-        groups = _micro_batches(seqs, len(seqs))
-        if len(groups) % n:
-            raise ValueError(f"{len(groups)} prompt groups do not split over {n} learners")
-        return [[s for g in groups[r::n] for s in g] for r in range(n)]
-
     def step(self, method: str, seqs: list[TrainSequence]) -> dict[str, float]:
         """``sft_step`` or ``grpo_step`` on the global batch; statistics are summed over ranks
         and turned into token means (loss, entropy, kl, clip fraction)."""
         total_tokens = sum(len(s.ids) - s.prompt_len for s in seqs)
-        shards = self.shards(seqs)
+        shards = shard_groups(seqs, len(self.actors))
         results = ray.get(
             [
                 getattr(a, method).remote(s, total_tokens)

@@ -44,7 +44,7 @@ def training_table(stages: dict[str, Path], window: int = 5) -> str:
         f"reward (first {window})",
         f"reward (last {window})",
         f"coverage (last {window})",
-        f"mean |S| (last {window})",
+        f"passages picked (last {window})",
         "format valid",
         "final",
     ]

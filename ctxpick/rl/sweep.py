@@ -39,7 +39,7 @@ def sweep_table(sweep_dir: Path) -> str | None:
         "steps",
         "val reward",
         "val coverage",
-        "val mean |S|",
+        "val passages picked",
         "val format valid",
         "stopped by",
     ]

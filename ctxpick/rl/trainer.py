@@ -20,6 +20,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+import torch
+
 from ctxpick.config import Config, ConfigError
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool, init_ray
@@ -143,8 +145,6 @@ def grpo_step(
         )
     with timer("reward"):
         terms = run.rewards.score(reward_requests(groups), spec)
-    import torch
-
     rewards = torch.tensor([t.reward for ts in terms for t in ts])
     adv = group_advantages(rewards, cfg.stage.group_size, cfg.rl.learner.grpo.std_normalize)
     with timer("learn"):
