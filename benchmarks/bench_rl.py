@@ -102,7 +102,11 @@ def plain_vllm(chats: list, sampling: SamplingConfig) -> tuple[float, int]:
     from ctxpick.engines.models import resolve
     from ctxpick.engines.vllm_engine import chat_prompt_ids
 
+    # The same engine settings as ctxpick's (CPU: whole prefills, 2 GiB KV cache).
+    cpu = {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
     llm = LLM(
+        **cpu,
+        gpu_memory_utilization=0.5,
         model=resolve(MODEL),
         max_model_len=4096,
         dtype="bfloat16",
@@ -167,6 +171,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     chats = picker_chats(args.prompts)
     sampling = SamplingConfig(temperature=1.0, max_tokens=64, n=args.group, seed=0, logprobs=True)
     r = ours(chats, sampling, args.steps)

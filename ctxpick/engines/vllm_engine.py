@@ -40,10 +40,19 @@ class VLLMEngine:
     ) -> None:
         # Must be set before vllm is imported: the KV-cache size on CPU comes from the env.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))
+        import torch
         from vllm import LLM
 
         t0 = time.time()
         self.model_path = resolve(model)
+        cpu_only: dict[str, Any] = {}
+        if not torch.cuda.is_available():
+            # vLLM's CPU runner cannot rewind a seeded request's generator when chunked prefill
+            # splits its prompt ("CPU Generator does not use offset"); whole prefills avoid it.
+            cpu_only = {
+                "enable_chunked_prefill": False,
+                "max_num_batched_tokens": max(max_model_len, 8192),
+            }
         self.llm = LLM(
             model=self.model_path,
             max_model_len=max_model_len,
@@ -55,6 +64,7 @@ class VLLMEngine:
             # Rollout workers ask for "processed_logprobs": the distribution actually sampled
             # (temperature, constrained-decoding mask), which importance correction needs.
             logprobs_mode=logprobs_mode,
+            **cpu_only,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = max_model_len
