@@ -1,33 +1,35 @@
-"""A real DeepSpeed optimizer step (CPU: gloo, bf16) on the built-in model, in a Ray actor."""
+"""Real DeepSpeed steps (CPU: gloo, bf16) on the built-in model, data-parallel over two Ray
+actors placed by a placement group."""
 
 import pytest
-import ray
 
-from ctxpick.rl.learner import Learner, LearnerConfig
+from ctxpick.rl.learner import LearnerConfig, LearnerGroup, TrainSequence
 
 pytestmark = pytest.mark.slow
 
 
-def test_deepspeed_step_on_builtin_model(ray_cluster):
-    learner = (
-        ray.remote(Learner)
-        .options(num_cpus=1)
-        .remote(LearnerConfig(model="smollm2-135m", zero_stage=1, micro_batch_size=2, lr=1e-4))
-    )
-    seqs = [[1, 504, 2988, 314, 476, 38634, 18, 564, 585], [1, 504, 2988, 314, 476]]
-    masks = [[0, 0, 0, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
-    before = ray.get(learner.state_checksum.remote())
-    first = ray.get(learner.sft_step.remote(seqs, masks))
-    after = ray.get(learner.state_checksum.remote())
+def test_data_parallel_deepspeed_steps_on_builtin_model(ray_cluster):
+    cfg = LearnerConfig(model="smollm2-135m", num_actors=2, zero_stage=1, micro_batch_size=2)
+    learners = LearnerGroup(cfg, lr=1e-4)
+    seqs = [
+        TrainSequence([1, 504, 2988, 314, 476, 38634, 18, 564, 585], 3),
+        TrainSequence([1, 504, 2988, 314, 476], 2),
+    ]
+    before = learners.call("state_checksum")
+    first = learners.step("sft_step", seqs)
+    after = learners.call("state_checksum")
     assert first["tokens"] == 9 and 0 < first["loss"] < 20 and first["grad_norm"] > 0
-    assert after != before
-    # a few more steps on the same batch drive its loss down: the update is a real descent step
+    assert before[0] == before[1] and after[0] == after[1]  # ranks stay identical
+    assert after[0] != before[0]
+    # a few more steps on the same batch drive its loss down: a real descent step
     for _ in range(3):
-        last = ray.get(learner.sft_step.remote(seqs, masks))
+        last = learners.step("sft_step", seqs)
     assert last["loss"] < first["loss"]
-    ray.kill(learner)
+    learners.shutdown()
 
 
 def test_bad_learner_config():
     with pytest.raises(ValueError, match="zero_stage"):
         LearnerConfig(zero_stage=4)
+    with pytest.raises(ValueError, match="LoRA is not combined with ZeRO-3"):
+        LearnerConfig(zero_stage=3, lora_rank=8)

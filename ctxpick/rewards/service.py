@@ -32,6 +32,9 @@ class RewardService:
     def __init__(self, scorer: Scorer = score_request) -> None:
         self.scorer = scorer
 
+    def ready(self) -> bool:
+        return True
+
     def score(self, req: RewardRequest, spec: RewardSpec) -> list[RewardTerms]:
         return self.scorer(req, spec)
 
@@ -51,11 +54,13 @@ class RewardClient:
 
     def _start(self) -> ray.actor.ActorHandle:
         # Threaded actor: one hung request must not block the rest of the batch.
-        return (
+        actor = (
             ray.remote(RewardService)
             .options(num_cpus=0, max_concurrency=self.max_concurrency)
             .remote(self.scorer)
         )
+        ray.get(actor.ready.remote())  # deadlines time scoring, not a worker process starting
+        return actor
 
     def score(self, requests: Sequence[RewardRequest], spec: RewardSpec) -> list[list[RewardTerms]]:
         refs = [self.actor.score.remote(r, spec) for r in requests]
