@@ -45,7 +45,10 @@ def run_demo(cfg: Config, overrides: list[str]) -> Path:
     eval_cfg = replace(
         eval_cfg,
         eval=replace(eval_cfg.eval, pickers=pickers),
-        data=replace(eval_cfg.data, sources=cfg.demo.eval_sources or eval_cfg.data.sources),
+        # path=None: the one-file shorthand would otherwise replace the sources again.
+        data=replace(
+            eval_cfg.data, sources=cfg.demo.eval_sources or eval_cfg.data.sources, path=None
+        ),
     )
     report = run_eval(eval_cfg)
     print(f"\ntraining: {root / 'training.md'}  reward curve: {curve}")
