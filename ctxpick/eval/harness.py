@@ -4,6 +4,7 @@ are appended to ``examples.jsonl`` and a re-run skips the pairs already there.""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -179,6 +180,7 @@ def run_eval(cfg: Config) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve(cfg.eval.tokenizer or cfg.model.name))
 
+    @functools.cache  # the budget and the record both count each passage
     def count(p: Passage) -> int:
         return len(tokenizer.encode(format_passages([p]), add_special_tokens=False))
 

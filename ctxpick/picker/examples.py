@@ -36,8 +36,10 @@ def truncate_words(text: str, max_words: int) -> str:
     return text if len(words) <= max_words else " ".join(words[:max_words]) + " ..."
 
 
-def _passage(p: dict[str, Any], max_words: int) -> Passage:
-    return Passage(p["pid"], 0, 0, 0, truncate_words(p["text"], max_words), p.get("title", ""))
+def shown(p: Passage, max_words: int) -> Passage:
+    """A passage as the picker sees it: its text cut to ``max_words`` words (training and
+    inference show the same thing)."""
+    return Passage(p.pid, p.doc_index, p.start, p.end, truncate_words(p.text, max_words), p.title)
 
 
 def examples_from_record(
@@ -60,7 +62,10 @@ def examples_from_record(
     for k, question in enumerate([rec["question"], *rec.get("rewrites", [])]):
         order = list(chosen)
         random.Random(f"{seed}:{rec['id']}:{k}").shuffle(order)
-        passages = tuple(_passage(p, max_words) for p in order)
+        passages = tuple(
+            shown(Passage(p["pid"], 0, 0, 0, p["text"], p.get("title", "")), max_words)
+            for p in order
+        )
         gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in gold_pids))
         human_gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in human))
         out.append(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ctxpick.data.schema import Passage
 from ctxpick.engines.base import Engine, SamplingConfig
-from ctxpick.picker.examples import truncate_words
+from ctxpick.picker.examples import shown
 from ctxpick.picker.format import InvalidPick, parse_pick, picker_chat
 
 
@@ -45,30 +45,20 @@ class Picker:
     ) -> list[PickResult]:
         """``pools[i]`` best first; the picker sees its first ``max_passages``, cut to
         ``max_passage_words`` words each, and returns full passages."""
-        shown = [list(p[: self.max_passages]) for p in pools]
+        visible = [list(p[: self.max_passages]) for p in pools]
         chats = [
             picker_chat(
                 self.instruction,
                 q,
-                [
-                    Passage(
-                        p.pid,
-                        p.doc_index,
-                        p.start,
-                        p.end,
-                        truncate_words(p.text, self.max_words),
-                        p.title,
-                    )
-                    for p in ps
-                ],
+                [shown(p, self.max_words) for p in ps],
             )
-            for q, ps in zip(questions, shown, strict=True)
+            for q, ps in zip(questions, visible, strict=True)
         ]
         outs = self.engine.generate(
             chats, SamplingConfig(temperature=0.0, max_tokens=self.max_tokens)
         )
         results = []
-        for out, ps in zip(outs, shown, strict=True):
+        for out, ps in zip(outs, visible, strict=True):
             text = out[0].text
             try:
                 pick = parse_pick(text, len(ps))
