@@ -14,9 +14,10 @@ from ctxpick.engines.http_engine import HTTPEngineConfig
 from ctxpick.engines.ray_pool import EngineConfig
 from ctxpick.judge.judges import JudgeConfig
 from ctxpick.mining.rewrites import DEFAULT_REWRITE_SYSTEM
+from ctxpick.picker.spec import PickerSpec
 from ctxpick.retrieval.chunking import ChunkingConfig
 from ctxpick.retrieval.pools import PoolConfig
-from ctxpick.rewards.reward import EQ8_READINGS
+from ctxpick.rewards.reward import EQ8_READINGS, RewardSpec
 from ctxpick.rl.learner import LearnerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +136,6 @@ class StageConfig:
     # grpo: the paper's RL stages. sft: an explicit, optional warm start on the mined sets for
     # small models that cannot yet produce the output format (see README); off for large models.
     kind: str = "grpo"
-    instruction: str = ""  # the stage's picker prompt (empty: picker.instruction)
     # Redundancy margin: how many passages beyond |S_gold| a selection may hold before it earns
     # no reward (paper: loose in Stage I, tight in Stage II).
     redundancy_margin: int = 3
@@ -162,17 +162,23 @@ class StageConfig:
 @dataclass
 class PickerConfig:
     model: str = "smollm2-135m"  # the policy: a built-in alias, a folder or an HF id
-    instruction: str = ""  # the inference prompt
+    # The one system prompt of this picker: training, evaluation and serving (a trained
+    # model folder carries its own copy in picker.json).
+    instruction: str = ""
     max_passages: int = 10  # candidates shown to the picker
     max_passage_words: int = 80  # each cut to this many words in the picker's prompt
     max_tokens: int = 96
-    temperature: float = 1.0  # rollout sampling temperature
+    temperature: float = 1.0  # rollout sampling temperature (the learner's log-probs use it too)
     constrained: bool = False  # constrain rollouts to the output format (vLLM structured outputs)
 
     def __post_init__(self) -> None:
         if self.max_passages < 1 or self.max_passage_words < 1 or self.max_tokens < 8:
             raise ValueError(
                 "picker needs max_passages >= 1, max_passage_words >= 1, max_tokens >= 8"
+            )
+        if self.temperature <= 0:
+            raise ValueError(
+                f"picker.temperature must be > 0 (rollouts sample at it), not {self.temperature}"
             )
 
 
@@ -300,6 +306,27 @@ def _cross_checks(cfg: Config) -> None:
             f"invalid config: rl.prompts_per_step = {rl.prompts_per_step} prompt groups per "
             f"step do not split over rl.learner.num_actors = {rl.learner.num_actors}"
         )
+    if rl.learner.grpo.mini_batches > rl.prompts_per_step:
+        raise ConfigError(
+            f"invalid config: rl.learner.grpo.mini_batches = {rl.learner.grpo.mini_batches} "
+            f"exceeds rl.prompts_per_step = {rl.prompts_per_step} prompt groups"
+        )
+    try:
+        reward_spec(cfg)
+    except ValueError as err:
+        raise ConfigError(f"invalid config in 'rewards': {err}") from None
+
+
+def picker_spec(cfg: Config) -> PickerSpec:
+    """The prompt and passage cut the configured picker trains with (saved beside its weights)."""
+    p = cfg.picker
+    return PickerSpec(p.instruction, p.max_passages, p.max_passage_words, p.max_tokens)
+
+
+def reward_spec(cfg: Config) -> RewardSpec:
+    """The reward the configured stage trains on."""
+    s, r = cfg.stage, cfg.rewards
+    return RewardSpec(s.redundancy_margin, s.gamma, r.eq8, r.format_penalty)
 
 
 def validate(cfg: DictConfig | dict[str, Any]) -> Config:

@@ -159,6 +159,7 @@ def test_aggregate_report_and_plot_by_hand(tmp_path):
 def test_picker_shows_cut_passages_returns_full_ones_and_falls_back_on_bad_output():
     from ctxpick.engines.base import Completion
     from ctxpick.picker.inference import Picker
+    from ctxpick.picker.spec import PickerSpec
 
     class Scripted:
         def generate(self, chats, sampling):
@@ -167,9 +168,7 @@ def test_picker_shows_cut_passages_returns_full_ones_and_falls_back_on_bad_outpu
             return [[Completion(t, [], 0)] for t in outs]
 
     ps = [Passage(f"p{i}", 0, 0, 0, "w " * 10, "T") for i in range(3)]
-    good, bad = Picker(Scripted(), "sys", max_passages=2, max_passage_words=2).pick(
-        ["q1", "q2"], [ps, ps]
-    )
+    good, bad = Picker(Scripted(), PickerSpec("sys", 2, 2, 16)).pick(["q1", "q2"], [ps, ps])
     assert good.valid and [p.pid for p in good.passages] == ["p1"]
     assert good.passages[0].text == ps[1].text  # the generator gets the full passage
     assert not bad.valid and [p.pid for p in bad.passages] == ["p0", "p1"]

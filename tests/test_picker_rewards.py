@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxpick.picker.format import InvalidPick, Pick, output_regex, parse_pick, render_pick
 from ctxpick.rewards.reward import RewardSpec, score_output, set_reward
@@ -57,7 +59,13 @@ def test_constrained_regex_matches_valid_outputs_only():
 @pytest.mark.parametrize(
     ("size", "printed", "described"),
     # The worked example in ctxpick/rewards/reward.py: |S_gold| = 2, m = 3, γ = 0.5.
-    [(2, 1.0, 1.0), (3, 1.0, 1 - 0.5 / 3), (4, 1.0, 1 - 0.5 * 2 / 3), (5, 1.0, 0.5), (6, 0.0, 0.0)],
+    [
+        (2, 1.0, 1.0),
+        (3, 1.0, 1 - 0.5 / 3),
+        (4, 1.0, 1 - 0.5 * 2 / 3),
+        (5, 1.0, 0.5),
+        (6, 0.0, -0.5),
+    ],
 )
 def test_eq8_worked_example(size, printed, described):
     selected = [1, 2, *range(3, size + 1)]
@@ -72,7 +80,7 @@ def test_reward_terms_partial_coverage_tight_margin_and_format():
     spec = RewardSpec(margin=0, gamma=0.5)
     half = set_reward([1], [1, 2], spec)
     assert (half.reward, half.coverage, half.penalty) == (0.5, 0.5, 0.0)
-    # m = 0: any passage beyond |S_gold| gives 0, even with full coverage
+    # m = 0: any passage beyond |S_gold| gives the floor (0 here), even with full coverage
     assert set_reward([1, 2, 3], [1, 2], spec).reward == 0.0
     # a smaller, wrong selection of the right size is still scored by coverage
     assert set_reward([3, 4], [1, 2], spec).reward == 0.0
@@ -80,6 +88,42 @@ def test_reward_terms_partial_coverage_tight_margin_and_format():
     assert (bad.reward, bad.format_ok) == (-1.0, False) and "rationale" in bad.reason
     with pytest.raises(ValueError, match="eq8"):
         RewardSpec(margin=1, gamma=0.5, eq8="other")
+    with pytest.raises(ValueError, match="format_penalty=-1.0 must be below the worst valid"):
+        RewardSpec(margin=1, gamma=1.0, eq8="described")
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    gold_size=st.integers(0, 6),
+    overlap=st.integers(0, 6),
+    extra=st.integers(0, 12),
+    margin=st.integers(0, 5),
+    gamma=st.floats(0, 1),
+    eq8=st.sampled_from(["described", "printed"]),
+)
+def test_reward_cannot_be_gamed(gold_size, overlap, extra, margin, gamma, eq8):
+    """Over random (|S|, |S_gold|, overlap, m, γ): a selection beyond the margin scores no more
+    than the worst valid selection inside it, and an invalid output below every valid one."""
+    overlap = min(overlap, gold_size)
+    spec = RewardSpec(margin, gamma, eq8, format_penalty=-1.0 - gamma - 1e-3)
+    gold = list(range(1, gold_size + 1))
+    picked = gold[:overlap] + list(range(100, 100 + extra))
+    terms = set_reward(picked, gold, spec)
+    n = gold_size + 12 + 100
+    # Every valid selection inside the margin for this gold set: any overlap, any extra.
+    inside = [
+        set_reward(gold[:k] + list(range(100, 100 + e)), gold, spec).reward
+        for k in range(gold_size + 1)
+        for e in range(0, 13)
+        if max(0, k + e - gold_size) <= margin
+    ]
+    assert min(inside) >= spec.floor - 1e-12
+    if terms.over_margin:
+        assert terms.reward <= min(inside) + 1e-12
+    else:
+        assert terms.reward >= spec.floor - 1e-12
+    invalid = score_output("<ids>[1]</ids>", n, gold, spec)
+    assert not invalid.format_ok and invalid.reward < min(inside + [terms.reward])
 
 
 def test_group_advantages_by_hand():

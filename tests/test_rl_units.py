@@ -8,7 +8,7 @@ import yaml
 
 from ctxpick.config import ConfigError
 from ctxpick.picker.examples import examples_from_record, warm_start_pick
-from ctxpick.rl.learner import TrainSequence, _micro_batches, shard_groups
+from ctxpick.rl.learner import TrainSequence, _micro_batches, plan_updates
 from ctxpick.rl.sweep import sweep_table
 from ctxpick.rl.trainer import PromptStream, TrainState
 
@@ -29,28 +29,27 @@ def _record(n=6, gold=("p4", "p1"), split="train", rewrites=("reworded?",)):
 
 
 def test_picker_examples_keep_gold_cut_and_shuffle():
-    exs = examples_from_record({**_record(), "human_gold": ["p5"]}, 4, 10, 0)
+    exs = examples_from_record({**_record(), "human_gold": ["p5"]}, 4, 0)
     assert [e.id for e in exs] == ["q", "q#rw1"] and exs[1].question == "reworded?"
     for e in exs:
         assert len(e.passages) == 4
         assert {e.passages[i - 1].pid for i in e.gold} == {"p1", "p4"}  # gold always kept
         assert {e.passages[i - 1].pid for i in e.human_gold} == {"p5"}  # then human evidence
-        assert all(len(p.text.split()) == 11 for p in e.passages)  # 10 words + " ..."
+        assert all(len(p.text.split()) == 50 for p in e.passages)  # cut only for the prompt
     orders = {
-        tuple(p.pid for p in examples_from_record(_record(), 4, 10, s)[0].passages)
-        for s in range(6)
+        tuple(p.pid for p in examples_from_record(_record(), 4, s)[0].passages) for s in range(6)
     }
     assert len(orders) > 1  # the order depends on the seed: no positional shortcut
-    assert examples_from_record({**_record(), "kept": False}, 4, 10, 0) == []
+    assert examples_from_record({**_record(), "kept": False}, 4, 0) == []
     with pytest.raises(ValueError, match="exceeds picker.max_passages=1"):
-        examples_from_record(_record(), 1, 10, 0)
+        examples_from_record(_record(), 1, 0)
     pick = warm_start_pick(exs[0])
     assert pick.ids == tuple(sorted(exs[0].gold + exs[0].human_gold))
     assert all(f"T{i}" in pick.rationale for i in (1, 4, 5))
 
 
 def test_prompt_stream_is_seeded_and_resumable_across_epochs():
-    exs = examples_from_record(_record(rewrites=("a?", "b?", "c?", "d?")), 6, 10, 0)
+    exs = examples_from_record(_record(rewrites=("a?", "b?", "c?", "d?")), 6, 0)
     stream = PromptStream(exs, 2, seed=7)
     state = TrainState()
     run = [[e.id for e in stream.next_batch(state)] for _ in range(5)]  # 5 prompts: 2 per epoch
@@ -64,17 +63,86 @@ def test_prompt_stream_is_seeded_and_resumable_across_epochs():
         PromptStream(exs, 9, 0)
 
 
-def test_prompt_groups_micro_batches_and_shards():
-    def seq(prompt, resp):
-        return TrainSequence([*prompt, *resp], len(prompt))
+def test_prompt_groups_micro_batches_and_equal_passes_per_rank():
+    def seq(prompt, resp, group):
+        return TrainSequence([*prompt, *resp], len(prompt), group=group)
 
-    seqs = [seq([1, 2], [5]), seq([1, 2], [6, 7]), seq([1, 2], [8]), seq([3], [9]), seq([3], [4])]
-    assert [len(m) for m in _micro_batches(seqs, 2)] == [2, 1, 2]
-    assert [len(m) for m in _micro_batches(seqs, 8)] == [3, 2]
-    shards = shard_groups(seqs[:3] + seqs[3:] + [seq([4], [1]), seq([5], [1])], 2)
-    assert [[s.ids[0] for s in sh] for sh in shards] == [[1, 1, 1, 4], [3, 3, 5]]
-    with pytest.raises(ValueError, match="3 prompt groups do not split over 2"):
-        shard_groups(seqs + [seq([4], [1])], 2)
+    seqs = [seq([1, 2], [5], 0), seq([1, 2], [6, 7], 0), seq([1, 2], [8], 0)]
+    seqs += [seq([3], [9], 1), seq([3], [4], 1)]
+    assert [len(m.seqs) for m in _micro_batches(seqs, 2)] == [2, 1, 2]
+    assert [len(m.seqs) for m in _micro_batches(seqs, 8)] == [3, 2]
+    # The same prompt twice in a batch (two groups) is never merged into one group.
+    twice = seqs[:3] + [seq([1, 2], [9], 2)]
+    assert [len(m.seqs) for m in _micro_batches(twice, 8)] == [3, 1]
+    plans, tokens = plan_updates(seqs, 2, ranks=2)
+    assert tokens == [6] and [len(p[0]) for p in plans] == [2, 2]
+    # Any mix of group sizes, micro-batch sizes, ranks and mini-batches: every rank runs the
+    # same number of passes in every mini-batch, and every real sequence is used exactly once.
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        groups = rng.randint(1, 7)
+        batch = [
+            seq([g, 100 + g], [1] * rng.randint(1, 3), g)
+            for g in range(groups)
+            for _ in range(rng.randint(1, 5))
+        ]
+        ranks, minis = rng.randint(1, 4), rng.randint(1, groups)
+        plans, tokens = plan_updates(batch, rng.randint(1, 4), ranks, minis)
+        assert len({tuple(len(mini) for mini in plan) for plan in plans}) == 1
+        used = [
+            s for plan in plans for mini in plan for mb in mini if not mb.padding for s in mb.seqs
+        ]
+        assert sorted(map(id, used)) == sorted(map(id, batch))
+        assert sum(tokens) == sum(len(s.ids) - s.prompt_len for s in batch)
+    with pytest.raises(ValueError, match="2 prompt groups cannot fill"):
+        plan_updates(seqs, 2, 1, mini_batches=3)
+
+
+def test_mined_records_are_checked_field_by_field(tmp_path):
+    from ctxpick.picker.examples import load_picker_examples
+
+    good = _record()
+    cases = [
+        ({k: v for k, v in good.items() if k != "gold_minimal"}, "field 'gold_minimal' is missing"),
+        ({**good, "pool": [{"pid": "p0"}]}, r"field 'pool\[0\].text'"),
+        ({**good, "split": "dev"}, "field 'split' is 'dev'"),
+        ({**good, "question": 3}, "field 'question' is int, not str"),
+        ({**good, "gold_minimal": ["p99"]}, "field 'gold_minimal' names passages not in the pool"),
+    ]
+    for bad, message in cases:
+        path = tmp_path / "mined.jsonl"
+        path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(ValueError, match=f"mined.jsonl: line 2: {message}"):
+            load_picker_examples(path, 6, 0)
+    path.write_text(json.dumps(good) + "\n{broken\n")
+    with pytest.raises(ValueError, match="line 2: not JSON"):
+        load_picker_examples(path, 6, 0)
+
+
+def test_trained_picker_folder_carries_its_prompt(tmp_path):
+    """The picker a stage trains is asked, at inference, with byte-identical chats."""
+    from ctxpick.config import compose, picker_spec
+    from ctxpick.picker.examples import examples_from_record
+    from ctxpick.picker.inference import Picker
+    from ctxpick.picker.spec import PickerSpec
+
+    cfg = compose(["picker.max_passages=4", "picker.max_passage_words=7"])
+    ex = examples_from_record(_record(), 4, 0)[0]
+    training_chat = picker_spec(cfg).chat(ex.question, ex.passages)
+    picker_spec(cfg).save(tmp_path)
+    # A later config with another prompt does not change what the trained picker is asked.
+    other = compose(["picker.instruction=Something else", "picker.max_passage_words=3"])
+    assert picker_spec(other) != picker_spec(cfg)
+    picker = Picker.from_folder(tmp_path, engine=None)
+    assert picker.chats([ex.question], [list(ex.passages)]) == [training_chat]
+    assert training_chat[0]["content"] == cfg.picker.instruction
+    (tmp_path / "picker.json").write_text('{"instruction": "x", "max_passages": 2}')
+    with pytest.raises(ValueError, match="missing fields"):
+        PickerSpec.load(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not a trained picker"):
+        PickerSpec.load(tmp_path / "nowhere")
 
 
 def test_sweep_table_collects_every_job(tmp_path):

@@ -84,31 +84,38 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
     """Reference: 3 uninterrupted steps, checkpoint every step. Then resume from step 1
     (mid-epoch: 4 prompts, 2 per step) and from step 2 (epoch boundary) on other actors:
     same step, same next batches, same rewards, same final weights."""
-    # First in the module: the shared actors are still freshly initialised.
     # First in the module, so the shared actors are still freshly initialised.
-    ref = train(
-        tiny(
-            root,
-            "ref",
-            "stage.max_steps=3",
-            "rl.save_every=1",
-            "rl.keep_checkpoints=3",
-            "rl.val_every=100",
-        ),
-        run=run,
+    ref_cfg = tiny(
+        root,
+        "ref",
+        "stage.max_steps=3",
+        "rl.save_every=1",
+        "rl.keep_checkpoints=3",
+        "rl.val_every=100",
+        "wandb.mode=offline",
     )
+    ref = train(ref_cfg, run=run)
     ref_steps = _steps(ref.parent)
     assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
     for resume_at in (1, 2):
         folder = root / f"resumed{resume_at}"
-        shutil.copytree(ref.parent, folder)
+        shutil.copytree(ref.parent, folder, symlinks=True)
         shutil.rmtree(folder / "final")
         for s in (1, 2, 3):
             if s != resume_at:
                 shutil.rmtree(folder / "checkpoints" / f"step{s}")
         (folder / "checkpoints" / "latest").write_text(f"step{resume_at}")
+        with (folder / "metrics.jsonl").open("a") as fh:
+            fh.write('{"step": 4, "reward": 0.')  # torn by a crash mid-write
         final = train(
-            tiny(root, f"resumed{resume_at}", "stage.max_steps=3", "rl.val_every=100"), run=run
+            tiny(
+                root,
+                f"resumed{resume_at}",
+                "stage.max_steps=3",
+                "rl.val_every=100",
+                "wandb.mode=offline",
+            ),
+            run=run,
         )
         steps = _steps(folder)
         for s in range(resume_at + 1, 4):
@@ -116,15 +123,31 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
             assert steps[s]["reward"] == ref_steps[s]["reward"]
         assert json.loads((folder / "result.json").read_text())["epoch"] == 1
         assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)
+        # The resumed stage continued the same W&B run, and logged the commit with the config.
+        runs = sorted((folder / "wandb").glob("offline-run-*"))
+        run_id = (folder / "wandb_run_id").read_text().strip()
+        assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+        assert b"git_commit" in (runs[-1] / f"run-{run_id}.wandb").read_bytes()
+    # The trained folder carries the prompt it was trained with: inference asks with the
+    # byte-identical chat the rollouts used.
+    from ctxpick.config import picker_spec
+    from ctxpick.picker.examples import load_picker_examples
+    from ctxpick.picker.inference import Picker
+
+    ex = load_picker_examples(root / "mine" / "mined.jsonl", 4, 0)["train"][0]
+    picker = Picker.from_folder(ref, run.engines)
+    [chat] = picker.chats([ex.question], [list(ex.passages)])
+    assert chat == picker_spec(ref_cfg).chat(ex.question, ex.passages)
+    assert chat[0]["content"] == ref_cfg.picker.instruction
 
 
 def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
     from ctxpick.picker.examples import load_picker_examples
 
-    train_set = load_picker_examples(root / "mine" / "mined.jsonl", 4, 25, 0)["train"]
+    train_set = load_picker_examples(root / "mine" / "mined.jsonl", 4, 0)["train"]
     # The warm start first: untrained SmolLM2 never writes the format, so every reward would
     # be -1 and every advantage 0.
-    for _ in range(3):
+    for _ in range(5):
         sft_step(run, train_set[:2], StepTimer())
         sft_step(run, train_set[2:], StepTimer())
     run.sync_weights()
@@ -147,23 +170,24 @@ def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
 
 
 def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
+    from ctxpick.config import picker_spec
     from ctxpick.engines.base import SamplingConfig
     from ctxpick.picker.examples import load_picker_examples
-    from ctxpick.picker.format import picker_chat
 
-    ex = load_picker_examples(root / "mine" / "mined.jsonl", 4, 25, 0)["train"]
-    chats = [picker_chat(run.cfg.picker.instruction, e.question, e.passages) for e in ex[:2]]
-    sampling = SamplingConfig(temperature=1.0, max_tokens=24, n=2, seed=3, logprobs=True)
+    ex = load_picker_examples(root / "mine" / "mined.jsonl", 4, 0)["train"]
+    chats = [picker_spec(run.cfg).chat(e.question, e.passages) for e in ex[:2]]
 
-    def gap() -> tuple[torch.Tensor, torch.Tensor]:
+    def gap(temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """|learner - rollout| per sampled token, in log-prob and in probability."""
+        sampling = SamplingConfig(temperature, max_tokens=24, n=2, seed=3, logprobs=True)
         outs = run.engines.generate(chats, sampling)
         samples = [c for o in outs for c in o]
         seqs = [
             TrainSequence(c.prompt_token_ids + c.token_ids, len(c.prompt_token_ids))
             for c in samples
         ]
-        learner = torch.tensor([x for lp in run.learners.call("logprobs", seqs)[0] for x in lp])
+        learner = run.learners.call("logprobs", seqs, temperature)[0]
+        learner = torch.tensor([x for lp in learner for x in lp])
         rollout = torch.tensor([x for c in samples for x in c.logprobs])
         assert learner.numel() == rollout.numel() > 20
         return (learner - rollout).abs(), (learner.exp() - rollout.exp()).abs()
@@ -180,6 +204,11 @@ def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
     assert after.median() < 0.03
     print(f"log-prob gap: {before.mean():.4f} before sync, {after.mean():.4f} after")
     assert before.mean() > 3 * after.mean()
+    # At the sampling temperature 0.7 the learner divides its logits by 0.7 as vLLM does, and
+    # the two agree as well as at 1.0 (without the division the gap is several times larger).
+    cold, cold_prob = gap(0.7)
+    print(f"log-prob gap at T=0.7: {cold.mean():.4f}")
+    assert cold.mean() < 0.05 and cold_prob.mean() < 0.01 and cold.median() < 0.03
 
 
 def test_reward_service_times_out_a_hung_scorer(ray_cluster):

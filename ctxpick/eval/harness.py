@@ -31,6 +31,7 @@ from ctxpick.jsonl import JsonlWriter, read_done
 from ctxpick.judge.judges import JudgeItem, make_judge
 from ctxpick.judge.rules import exact_match, token_f1
 from ctxpick.picker.inference import Picker
+from ctxpick.picker.spec import PickerSpec
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
 from ctxpick.tracking import Tracker
@@ -101,9 +102,12 @@ def select(cfg: Config, items: list[M.Retrieved]) -> dict[str, list[M.Selection]
 def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]:
     if not (Path(path) / "config.json").exists():
         raise ConfigError(f"eval.pickers: {path} is not a model folder (a stage's final/)")
+    try:
+        spec = PickerSpec.load(path)  # before any engine starts: fail fast
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"eval.pickers: {err}") from None
     engines = EnginePool.from_config(path, cfg.rl.rollout, cfg.seed)
-    p = cfg.picker
-    picker = Picker(engines, p.instruction, p.max_passages, p.max_passage_words, p.max_tokens)
+    picker = Picker(engines, spec)
     t0 = time.time()
     picks = picker.pick(
         [r.item.example.question for r in items],
@@ -222,12 +226,15 @@ def run_eval(cfg: Config) -> Path:
     )
     (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
     tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), "eval", asdict(cfg))
+    for path in cfg.eval.pickers.values():
+        tracker.use_artifact(path, "model")
     columns = [f.name for f in fields(MethodResult)]
     tracker.log(
         {},
         tables={"results": (columns, [list(asdict(r).values()) for r in results])},
         images={p.stem: p for p in plots},
     )
+    tracker.log_artifact(out / "report.md", "report")
     tracker.finish()
     print(f"\n{table}\n")
     print(f"report: {out / 'report.md'}\nper-example results: {records_path}")

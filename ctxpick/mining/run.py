@@ -75,6 +75,7 @@ def run_mining(cfg: Config) -> dict[str, dict[str, Any]]:
     table = render(summary)
     (out / "summary.md").write_text(table + "\n")
     tracker.summary({f"{k}/{name}": v for name, s in summary.items() for k, v in s.items()})
+    tracker.log_artifact(out / "mined.jsonl", "dataset")
     tracker.finish()
     print(f"\n{table}\n\nmined dataset: {out / 'mined.jsonl'}\nsummary: {out / 'summary.md'}")
     return summary

@@ -42,10 +42,50 @@ def shown(p: Passage, max_words: int) -> Passage:
     return Passage(p.pid, p.doc_index, p.start, p.end, truncate_words(p.text, max_words), p.title)
 
 
-def examples_from_record(
-    rec: dict[str, Any], max_passages: int, max_words: int, seed: int
-) -> list[PickerExample]:
-    """The picker examples of one mined record (none if mining discarded it)."""
+# Fields a kept mined record must have, with their JSON types (see ctxpick/mining/job.py).
+_RECORD_FIELDS = {
+    "id": str,
+    "dataset": str,
+    "question": str,
+    "answers": list,
+    "pool": list,
+    "gold_minimal": list,
+    "split": str,
+}
+SPLITS = ("train", "val", "test")
+
+
+def check_record(rec: object) -> None:
+    """Raise ``ValueError`` naming the first missing or mistyped field of a mined record."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"a record is a JSON object, not {type(rec).__name__}")
+    if not rec.get("kept"):
+        return
+    for name, kind in _RECORD_FIELDS.items():
+        if name not in rec:
+            raise ValueError(f"field {name!r} is missing")
+        if not isinstance(rec[name], kind):
+            raise ValueError(f"field {name!r} is {type(rec[name]).__name__}, not {kind.__name__}")
+    if rec["split"] not in SPLITS:
+        raise ValueError(f"field 'split' is {rec['split']!r}, not one of {SPLITS}")
+    pids = set()
+    for i, p in enumerate(rec["pool"]):
+        for name in ("pid", "text"):
+            if not isinstance(p, dict) or not isinstance(p.get(name), str):
+                raise ValueError(f"field 'pool[{i}].{name}' is missing or not a string")
+        pids.add(p["pid"])
+    for name in ("gold_minimal", "human_gold"):
+        unknown = [pid for pid in rec.get(name) or () if pid not in pids]
+        if unknown:
+            raise ValueError(f"field {name!r} names passages not in the pool: {unknown}")
+    if not isinstance(rec.get("rewrites", []), list):
+        raise ValueError("field 'rewrites' is not a list")
+
+
+def examples_from_record(rec: dict[str, Any], max_passages: int, seed: int) -> list[PickerExample]:
+    """The picker examples of one mined record (none if mining discarded it). Passages keep
+    their full text: :class:`~ctxpick.picker.spec.PickerSpec` cuts them for the prompt, the
+    same way at inference."""
     if not rec.get("kept"):
         return []
     gold_pids = list(rec["gold_minimal"])
@@ -62,10 +102,7 @@ def examples_from_record(
     for k, question in enumerate([rec["question"], *rec.get("rewrites", [])]):
         order = list(chosen)
         random.Random(f"{seed}:{rec['id']}:{k}").shuffle(order)
-        passages = tuple(
-            shown(Passage(p["pid"], 0, 0, 0, p["text"], p.get("title", "")), max_words)
-            for p in order
-        )
+        passages = tuple(Passage(p["pid"], 0, 0, 0, p["text"], p.get("title", "")) for p in order)
         gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in gold_pids))
         human_gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in human))
         out.append(
@@ -85,18 +122,22 @@ def examples_from_record(
 
 
 def load_picker_examples(
-    mined_path: Path, max_passages: int, max_words: int, seed: int
+    mined_path: Path, max_passages: int, seed: int
 ) -> dict[str, list[PickerExample]]:
     """``{split: examples}`` from a ``mined.jsonl``, validation and test without rewrites: they
-    measure the picker on the original questions."""
-    splits: dict[str, list[PickerExample]] = {"train": [], "val": [], "test": []}
+    measure the picker on the original questions. A malformed record stops the load with its
+    line number and the field at fault."""
+    splits: dict[str, list[PickerExample]] = {s: [] for s in SPLITS}
     with Path(mined_path).open(encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             try:
                 rec = json.loads(line)
+                check_record(rec)
+                exs = examples_from_record(rec, max_passages, seed)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{mined_path}: line {n}: not JSON ({err})") from None
-            exs = examples_from_record(rec, max_passages, max_words, seed)
+            except ValueError as err:
+                raise ValueError(f"{mined_path}: line {n}: {err}") from None
             if exs:
                 splits[rec["split"]].extend(exs if rec["split"] == "train" else exs[:1])
     return splits

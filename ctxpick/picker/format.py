@@ -22,6 +22,8 @@ from ctxpick.data.schema import Passage
 from ctxpick.engines.base import Chat
 from ctxpick.engines.prompts import format_passages
 
+OUTPUT_FORMAT = "<rationale>...</rationale><ids>[...]</ids>"
+
 _PICK_RE = re.compile(
     r"\s*<rationale>(?P<rationale>.*?)</rationale>\s*<ids>(?P<ids>.*?)</ids>\s*", re.DOTALL
 )

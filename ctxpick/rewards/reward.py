@@ -1,29 +1,35 @@
 """The picker's reward (paper Eq. 8), in the two readings the equation admits.
 
 ``coverage = |S ∩ S_gold| / |S_gold|``; ``over = max(0, |S| - |S_gold|)``; ``m`` is the
-redundancy margin red_i and ``γ`` its weight.
+redundancy margin red_i and ``γ`` its weight. Inside the margin (``over <= m``):
 
-* ``printed`` -- Eq. 8 as printed: ``coverage - γ·max(0, |S| - |S_gold| - m)`` when
-  ``|S| <= |S_gold| + m``, else 0. Inside its own branch the max is always 0, so this is plain
-  coverage up to the margin and nothing beyond it.
+* ``printed`` -- Eq. 8 as printed: ``coverage - γ·max(0, |S| - |S_gold| - m)``. Inside its own
+  branch the max is always 0, so this is plain coverage up to the margin.
 * ``described`` -- the behaviour the text describes: a penalty proportional to over-selection,
-  ``coverage - γ·over/m`` (``over/1`` when m = 0), and 0 once ``over > m``.
+  ``coverage - γ·over/m`` (``over/1`` when m = 0).
+
+Beyond the margin the paper means "no reward for dumping the pool". A flat 0 does not say
+that under ``described``: a small wrong pick inside the margin can score ``-γ``, so 0 would pay
+the policy to dump every passage. Both readings therefore give a selection beyond the margin
+the **floor**: the worst reward any valid selection inside the margin can get (``0`` for
+``printed``, ``-γ`` for ``described``: no coverage, the whole margin used). And an invalid
+output gets ``format_penalty``, which must lie strictly below that floor, so
+``invalid < beyond margin <= every valid selection inside it``.
 
 Worked example, ``|S_gold| = 2``, ``m = 3``, ``γ = 0.5``, S covers both gold passages:
 
-====  ====  ========  ==================  ========
+====  ====  ========  ==================  ===================
 |S|   over  coverage  printed             described
-====  ====  ========  ==================  ========
+====  ====  ========  ==================  ===================
 2     0     1.0       1.0                 1.0
 4     2     1.0       1.0                 1 - 0.5·2/3 = 0.667
 5     3     1.0       1.0                 1 - 0.5·3/3 = 0.5
-6     4     1.0       0 (beyond margin)   0
-====  ====  ========  ==================  ========
+6     4     1.0       0 (floor)           -0.5 (floor)
+====  ====  ========  ==================  ===================
 
 Under ``printed`` a picker gains nothing by dropping a redundant passage until it crosses the
 margin; ``described`` rewards every passage dropped, which is what Stage II's compression is
-for. ``described`` is the default. Any output that fails :func:`~ctxpick.picker.format.parse_pick`
-gets the format penalty (-1).
+for. ``described`` is the default.
 """
 
 from __future__ import annotations
@@ -48,13 +54,25 @@ class RewardSpec:
             raise ValueError(f"eq8 must be one of {EQ8_READINGS}, not {self.eq8!r}")
         if self.margin < 0 or not 0 <= self.gamma <= 1:
             raise ValueError("reward needs margin >= 0 and gamma in [0, 1]")
+        if not self.format_penalty < self.floor:
+            raise ValueError(
+                f"rewards.format_penalty={self.format_penalty} must be below the worst valid "
+                f"reward ({self.floor} for eq8={self.eq8}, gamma={self.gamma}), or an invalid "
+                "output would score as well as a valid one"
+            )
+
+    @property
+    def floor(self) -> float:
+        """The worst reward of a valid selection inside the margin, and so the reward of any
+        selection beyond it."""
+        return -self.gamma if self.eq8 == "described" and self.margin > 0 else 0.0
 
 
 @dataclass(frozen=True)
 class RewardTerms:
     reward: float
     coverage: float  # |S ∩ S_gold| / |S_gold| (0 for an invalid output)
-    penalty: float  # the redundancy term subtracted (0 beyond the margin, where reward is 0)
+    penalty: float  # coverage - reward for a valid output (beyond the margin: down to the floor)
     format_ok: bool
     size: int  # |S|
     over_margin: bool  # |S| > |S_gold| + m
@@ -68,7 +86,7 @@ def set_reward(selected: Sequence[int], gold: Sequence[int], spec: RewardSpec) -
     coverage = len(s & g) / len(g) if g else float(not s)
     over = max(0, len(s) - len(g))
     if over > spec.margin:
-        return RewardTerms(0.0, coverage, 0.0, True, len(s), True)
+        return RewardTerms(spec.floor, coverage, coverage - spec.floor, True, len(s), True)
     if spec.eq8 == "printed":
         penalty = spec.gamma * max(0, len(s) - len(g) - spec.margin)
     else:

@@ -24,8 +24,19 @@ class GRPOConfig:
     kl_coef: float = 0.0  # > 0 keeps a frozen reference model in each learner
     std_normalize: bool = True  # Dr. GRPO turns this off
     tis_cap: float | None = None  # cap of the sampler-correction weight; None: no correction
+    # PPO-style reuse of a rollout batch: ``update_epochs`` passes over it, each split into
+    # ``mini_batches`` optimizer steps, all against the log-probs taken once before the first.
+    # 1 and 1 (the default) is strictly on-policy: one update, ratio 1, nothing to clip.
+    update_epochs: int = 1
+    mini_batches: int = 1
+
+    @property
+    def on_policy(self) -> bool:
+        return self.update_epochs * self.mini_batches == 1
 
     def __post_init__(self) -> None:
+        if self.update_epochs < 1 or self.mini_batches < 1:
+            raise ValueError("grpo needs update_epochs >= 1 and mini_batches >= 1")
         if not (0 < self.eps_low < 1 and self.eps_high > 0):
             raise ValueError("grpo needs 0 < eps_low < 1 and eps_high > 0")
         if self.kl_coef < 0 or (self.tis_cap is not None and self.tis_cap < 1):

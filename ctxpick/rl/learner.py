@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +83,20 @@ class TrainSequence:
     prompt_len: int  # loss is on ids[prompt_len:]
     advantage: float = 0.0
     sampler_logps: list[float] | None = None  # the rollout engine's logprob of each response token
+    group: int = -1  # sequences sharing a prompt share a group id; -1: a group of its own
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One prompt with up to ``micro_batch_size`` of its responses. A padding micro-batch is a
+    zero-weight copy that gives every rank the same number of forward/backward passes:
+    DeepSpeed's collectives (gradient reduction, ZeRO-3 gathers) hang otherwise."""
+
+    seqs: list[TrainSequence]
+    padding: bool = False
+
+
+Plan = list[list[MicroBatch]]  # one rank's mini-batches, each a list of micro-batches
 
 
 class Learner:
@@ -109,6 +122,7 @@ class Learner:
         from transformers import AutoModelForCausalLM
 
         from ctxpick.engines.models import resolve
+        from ctxpick.rl.logprobs import check_supported
 
         os.environ.update(
             RANK=str(self.rank),
@@ -122,6 +136,7 @@ class Learner:
         # No gradient checkpointing: it disables the KV cache the prompt-sharing forward
         # relies on (ctxpick/rl/logprobs.py), which saves more than it would.
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.bfloat16)
+        check_supported(model)
         if self.cfg.lora_rank:
             from ctxpick.rl.lora import apply_lora
 
@@ -152,23 +167,19 @@ class Learner:
     # -- optimisation ------------------------------------------------------------------------
 
     def _step(
-        self,
-        seqs: list[TrainSequence],
-        total_tokens: int,
-        loss_fn: Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]],
+        self, micro_batches: list[MicroBatch], total_tokens: int, temperature: float, loss_fn: Any
     ) -> dict[str, float]:
-        """One optimizer step over this rank's share of a global batch. A micro-batch is one
-        prompt with up to ``micro_batch_size`` of its responses. ``loss_fn`` returns a summed
-        loss; scaling by ``micro-batches * world / total_tokens`` undoes DeepSpeed's mean over
-        micro-batches and ranks, so the update is a token mean over the global batch."""
-        micro_batches = _micro_batches(seqs, self.cfg.micro_batch_size)
+        """One optimizer step over this rank's share of a (mini-)batch. ``loss_fn(logp, batch,
+        index)`` returns a summed loss; scaling by ``micro-batches * world / total_tokens``
+        undoes DeepSpeed's mean over micro-batches and ranks, so the update is a token mean over
+        the global (mini-)batch."""
         accum = len(micro_batches)
         self.engine.set_train_batch_size(self.cfg.micro_batch_size * accum * self.world_size)
         totals: dict[str, float] = {}
-        for group in micro_batches:
-            batch = _collate(group, self.device)
-            logp, entropy = self._logprobs(self.engine, batch)
-            loss_sum, stats = loss_fn(logp, batch)
+        for i, mb in enumerate(micro_batches):
+            batch = _collate(mb, self.device)
+            logp, entropy = self._logprobs(self.engine, batch, temperature)
+            loss_sum, stats = loss_fn(logp, batch, i)
             self.engine.backward(loss_sum * accum * self.world_size / max(total_tokens, 1))
             self.engine.step()
             stats |= {
@@ -178,60 +189,90 @@ class Learner:
             }
             for name, value in stats.items():
                 totals[name] = totals.get(name, 0.0) + float(value)
+        return totals
+
+    def _updates(
+        self, plan: Plan, tokens: list[int], temperature: float, epochs: int, loss_fn: Any
+    ) -> dict[str, float]:
+        """``epochs`` passes over the mini-batches, one optimizer step each; statistics summed
+        over every step (the caller divides by the tokens they cover)."""
+        totals: dict[str, float] = {}
+        for _ in range(epochs):
+            for m, (mini, n_tokens) in enumerate(zip(plan, tokens, strict=True)):
+                step = self._step(
+                    mini, n_tokens, temperature, lambda lp, b, i, m=m: loss_fn(lp, b, m, i)
+                )
+                for name, value in step.items():
+                    totals[name] = totals.get(name, 0.0) + value
         grad_norm = self.engine.get_global_grad_norm()
         totals["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         totals["lr"] = float(self.scheduler.get_last_lr()[0])
         return totals
 
-    def _logprobs(self, model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+    def _logprobs(self, model: Any, batch: dict[str, Any], temperature: float) -> tuple[Any, Any]:
         from ctxpick.rl.logprobs import group_logprobs
 
         return group_logprobs(
-            model, batch["prompt"], batch["ids"], batch["mask"], self.cfg.logprob_chunk
+            model, batch["prompt"], batch["ids"], batch["mask"], self.cfg.logprob_chunk, temperature
         )
 
-    def sft_step(self, seqs: list[TrainSequence], total_tokens: int) -> dict[str, float]:
-        """Token-mean next-token NLL on the responses: the optional warm start."""
+    def sft_step(self, plan: Plan, tokens: list[int]) -> dict[str, float]:
+        """Token-mean next-token NLL on the responses (temperature 1): the optional warm start."""
 
-        def nll(logp: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        def nll(logp: Any, batch: dict[str, Any], m: int, i: int) -> tuple[Any, dict[str, Any]]:
             return -(logp * batch["mask"]).sum(), {}
 
-        return self._step(seqs, total_tokens, nll)
+        return self._updates(plan, tokens, 1.0, 1, nll)
 
-    def grpo_step(self, seqs: list[TrainSequence], total_tokens: int) -> dict[str, float]:
+    def grpo_step(self, plan: Plan, tokens: list[int], temperature: float) -> dict[str, float]:
+        """GRPO on one rollout batch. On-policy (one epoch, one mini-batch) the old log-probs
+        are the current ones, detached: ratio 1 in value, not in gradient. Otherwise they are
+        taken once, before the first update, and every later step is clipped against them."""
         import torch
 
         from ctxpick.rl.grpo import grpo_token_loss
 
-        def loss(logp: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        cfg = self.cfg.grpo
+        old = None
+        if not cfg.on_policy:
+            with torch.no_grad():
+                old = [
+                    self._logprobs(self.engine, _collate(mb, self.device), temperature)[0]
+                    for mini in plan
+                    for mb in mini
+                ]
+            offsets = [sum(len(mini) for mini in plan[:m]) for m in range(len(plan))]
+
+        def loss(logp: Any, batch: dict[str, Any], m: int, i: int) -> tuple[Any, dict[str, Any]]:
             ref = None
             if self.ref is not None:
                 with torch.no_grad():
-                    ref, _ = self._logprobs(self.ref, batch)
-            # One update per rollout batch: the policy that sampled is the one being updated,
-            # so old log-probs are the current ones, detached (ratio 1 in value, not in grad).
+                    ref, _ = self._logprobs(self.ref, batch, temperature)
             return grpo_token_loss(
                 logp,
-                logp.detach(),
+                logp.detach() if old is None else old[offsets[m] + i],
                 batch["adv"],
                 batch["mask"],
-                self.cfg.grpo,
+                cfg,
                 ref_logp=ref,
                 sampler_logp=batch["sampler"],
             )
 
-        return self._step(seqs, total_tokens, loss)
+        return self._updates(plan, tokens, temperature, cfg.update_epochs, loss)
 
-    def logprobs(self, seqs: list[TrainSequence]) -> list[list[float]]:
-        """Log-prob of each response token under the current weights."""
+    def logprobs(self, seqs: list[TrainSequence], temperature: float = 1.0) -> list[list[float]]:
+        """Log-prob of each response token under the current weights, at ``temperature``.
+        Under ZeRO-3 every rank must be called with the same sequences."""
         import torch
 
         out = []
         with torch.no_grad():
-            for group in _micro_batches(seqs, self.cfg.micro_batch_size):
-                batch = _collate(group, self.device)
-                logp, _ = self._logprobs(self.engine, batch)
-                out += [logp[i, : len(s.ids) - s.prompt_len].tolist() for i, s in enumerate(group)]
+            for mb in _micro_batches(seqs, self.cfg.micro_batch_size):
+                batch = _collate(mb, self.device)
+                logp, _ = self._logprobs(self.engine, batch, temperature)
+                out += [
+                    logp[i, : len(s.ids) - s.prompt_len].tolist() for i, s in enumerate(mb.seqs)
+                ]
         return out
 
     # -- weights and checkpoints -------------------------------------------------------------
@@ -249,11 +290,16 @@ class Learner:
 
     def weight_buckets(self, bucket_mb: int = 256) -> list[bytes]:
         """The weights as safetensors blobs of at most ``bucket_mb`` each: what the rollout
-        workers load. Bytes travel through Ray's object store, so this works across nodes."""
+        workers load. Every rank must be called (ZeRO-3 gathers are collective); rank 0 returns
+        the blobs, the others an empty list. Bytes travel through Ray's object store, so this
+        works across nodes."""
         from safetensors.torch import save
 
+        state = self._full_state()
+        if self.rank != 0:
+            return []
         buckets, current, size = [], {}, 0
-        for name, tensor in self._full_state().items():
+        for name, tensor in state.items():
             nbytes = tensor.numel() * tensor.element_size()
             if current and size + nbytes > bucket_mb << 20:
                 buckets.append(save(current))
@@ -294,26 +340,30 @@ class Learner:
         return float(sum(t.float().sum() for t in self._full_state().values()))
 
 
-def _micro_batches(seqs: list[TrainSequence], size: int) -> list[list[TrainSequence]]:
-    """Consecutive sequences with the same prompt, at most ``size`` per micro-batch."""
+def prompt_groups(seqs: list[TrainSequence]) -> list[list[TrainSequence]]:
+    """Consecutive sequences with the same ``group`` id (each ``-1`` stands alone)."""
     out: list[list[TrainSequence]] = []
     for s in seqs:
-        last = out[-1] if out else None
-        same = (
-            last and len(last) < size and last[0].ids[: last[0].prompt_len] == s.ids[: s.prompt_len]
-        )
-        if same:
-            last.append(s)
+        if out and s.group >= 0 and out[-1][0].group == s.group:
+            out[-1].append(s)
         else:
             out.append([s])
     return out
 
 
-def _collate(group: list[TrainSequence], device: Any) -> dict[str, Any]:
-    """One prompt and its right-padded responses, with the response mask, advantages and the
-    sampler's log-probs, all aligned with the response tokens."""
+def _micro_batches(seqs: list[TrainSequence], size: int) -> list[MicroBatch]:
+    """Each prompt group cut into micro-batches of at most ``size`` sequences."""
+    return [
+        MicroBatch(g[i : i + size]) for g in prompt_groups(seqs) for i in range(0, len(g), size)
+    ]
+
+
+def _collate(mb: MicroBatch, device: Any) -> dict[str, Any]:
+    """One prompt and its right-padded responses, with the response mask (all zero for a
+    padding micro-batch), advantages and the sampler's log-probs, aligned with the responses."""
     import torch
 
+    group = mb.seqs
     width = max(len(s.ids) - s.prompt_len for s in group)
     ids = torch.zeros(len(group), width, dtype=torch.long)
     mask = torch.zeros(len(group), width)
@@ -321,9 +371,11 @@ def _collate(group: list[TrainSequence], device: Any) -> dict[str, Any]:
     for i, s in enumerate(group):
         if not 0 < s.prompt_len < len(s.ids):
             raise ValueError(f"sequence {i}: prompt_len {s.prompt_len} of {len(s.ids)} tokens")
+        if s.ids[: s.prompt_len] != group[0].ids[: group[0].prompt_len]:
+            raise ValueError(f"sequence {i} of a micro-batch does not share its prompt")
         n = len(s.ids) - s.prompt_len
         ids[i, :n] = torch.tensor(s.ids[s.prompt_len :])
-        mask[i, :n] = 1
+        mask[i, :n] = 0.0 if mb.padding else 1.0
         if s.sampler_logps is not None:
             sampler[i, :n] = torch.tensor(s.sampler_logps)
     has_sampler = all(s.sampler_logps is not None for s in group)
@@ -336,13 +388,29 @@ def _collate(group: list[TrainSequence], device: Any) -> dict[str, Any]:
     }
 
 
-def shard_groups(seqs: list[TrainSequence], n: int) -> list[list[TrainSequence]]:
-    """Whole prompt groups per rank (a group's prompt is run once), the same number each, so
-    every rank takes the same number of micro-batches."""
-    groups = _micro_batches(seqs, len(seqs))
-    if len(groups) % n:
-        raise ValueError(f"{len(groups)} prompt groups do not split over {n} learners")
-    return [[s for g in groups[r::n] for s in g] for r in range(n)]
+def plan_updates(
+    seqs: list[TrainSequence], micro_batch_size: int, ranks: int, mini_batches: int = 1
+) -> tuple[list[Plan], list[int]]:
+    """Split a global batch into ``mini_batches`` mini-batches of whole prompt groups, each into
+    micro-batches dealt round-robin to ``ranks``; ranks short of the most get padding
+    micro-batches, so every rank runs the same number of passes whatever the group sizes.
+    Returns each rank's plan and each mini-batch's response-token count."""
+    groups = prompt_groups(seqs)
+    if len(groups) < mini_batches:
+        raise ValueError(
+            f"{len(groups)} prompt groups cannot fill rl.learner.grpo.mini_batches={mini_batches}"
+        )
+    plans: list[Plan] = [[] for _ in range(ranks)]
+    tokens = []
+    for m in range(mini_batches):
+        chunk = groups[m * len(groups) // mini_batches : (m + 1) * len(groups) // mini_batches]
+        mbs = _micro_batches([s for g in chunk for s in g], micro_batch_size)
+        shards = [mbs[r::ranks] for r in range(ranks)]
+        width = max(len(shard) for shard in shards)
+        for plan, shard in zip(plans, shards, strict=True):
+            plan.append(shard + [MicroBatch(mbs[0].seqs, padding=True)] * (width - len(shard)))
+        tokens.append(sum(len(s.ids) - s.prompt_len for g in chunk for s in g))
+    return plans, tokens
 
 
 class LearnerGroup:
@@ -376,27 +444,37 @@ class LearnerGroup:
         ray.get([a.setup.remote(addr, port, init_from) for a in self.actors])
         self.cfg = cfg
 
-    def step(self, method: str, seqs: list[TrainSequence]) -> dict[str, float]:
-        """``sft_step`` or ``grpo_step`` on the global batch; statistics are summed over ranks
-        and turned into token means (loss, entropy, kl, clip fraction)."""
-        total_tokens = sum(len(s.ids) - s.prompt_len for s in seqs)
-        shards = shard_groups(seqs, len(self.actors))
+    def step(self, method: str, seqs: list[TrainSequence], *args: Any) -> dict[str, float]:
+        """``sft_step`` or ``grpo_step`` (``*args``: its temperature) on the global batch;
+        statistics are summed over ranks and updates and turned into token means (loss,
+        entropy, kl, clip fraction)."""
+        grpo = self.cfg.grpo
+        minis = grpo.mini_batches if method == "grpo_step" else 1
+        plans, tokens = plan_updates(seqs, self.cfg.micro_batch_size, len(self.actors), minis)
         results = ray.get(
             [
-                getattr(a, method).remote(s, total_tokens)
-                for a, s in zip(self.actors, shards, strict=True)
+                getattr(a, method).remote(plan, tokens, *args)
+                for a, plan in zip(self.actors, plans, strict=True)
             ]
         )
         summed = {k: sum(r[k] for r in results) for k in results[0] if k not in ("grad_norm", "lr")}
-        out = {k: v / max(total_tokens, 1) for k, v in summed.items() if k != "tokens"}
+        counted = max(summed.pop("tokens"), 1)  # tokens x update epochs
+        out = {k: v / counted for k, v in summed.items()}
         if "clipped" in out:
             out["clip_fraction"] = out.pop("clipped")
         return {
             **out,
-            "tokens": total_tokens,
+            "tokens": sum(tokens),
             "grad_norm": results[0]["grad_norm"],
             "lr": results[0]["lr"],
         }
+
+    def weight_buckets(self, bucket_mb: int) -> ray.ObjectRef:
+        """Rank 0's weight buckets; every rank joins the gather, and this returns once all
+        have (a rank still gathering would hold the next collective)."""
+        refs = [a.weight_buckets.remote(bucket_mb) for a in self.actors]
+        ray.wait(refs, num_returns=len(refs), fetch_local=False)
+        return refs[0]
 
     def call(self, method: str, *args: Any) -> list[Any]:
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])

@@ -3,12 +3,13 @@ and the turn of samples + advantages into learner sequences."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ctxpick.engines.base import Completion, SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.picker.examples import PickerExample
-from ctxpick.picker.format import output_regex, picker_chat
+from ctxpick.picker.format import output_regex
+from ctxpick.picker.spec import PickerSpec
 from ctxpick.rewards.service import RewardRequest
 from ctxpick.rl.learner import TrainSequence
 
@@ -22,16 +23,28 @@ class Group:
 def sample_groups(
     engines: EnginePool,
     batch: list[PickerExample],
-    instruction: str,
+    spec: PickerSpec,
     sampling: SamplingConfig,
     constrained: bool = False,
 ) -> list[Group]:
-    chats = [picker_chat(instruction, ex.question, ex.passages) for ex in batch]
-    if constrained:
-        width = max(len(ex.passages) for ex in batch)
-        sampling = SamplingConfig(**{**sampling.__dict__, "regex": output_regex(width)})
-    outs = engines.generate(chats, sampling, batch_size=len(chats))
-    return [Group(ex, samples) for ex, samples in zip(batch, outs, strict=True)]
+    """``sampling.n`` samples per prompt. Constrained decoding allows only ids within each
+    prompt's own pool, so prompts are sent in one call per pool size."""
+    chats = [spec.chat(ex.question, ex.passages) for ex in batch]
+    if not constrained:
+        outs = engines.generate(chats, sampling, batch_size=len(chats))
+        return [Group(ex, samples) for ex, samples in zip(batch, outs, strict=True)]
+    by_size: dict[int, list[int]] = {}
+    for i, ex in enumerate(batch):
+        by_size.setdefault(len(ex.passages), []).append(i)
+    groups: list[Group | None] = [None] * len(batch)
+    for size, idx in by_size.items():
+        regex = output_regex(min(size, spec.max_passages))
+        outs = engines.generate(
+            [chats[i] for i in idx], replace(sampling, regex=regex), batch_size=len(idx)
+        )
+        for i, samples in zip(idx, outs, strict=True):
+            groups[i] = Group(batch[i], samples)
+    return groups  # type: ignore[return-value]
 
 
 def reward_requests(groups: list[Group]) -> list[RewardRequest]:
@@ -43,13 +56,14 @@ def reward_requests(groups: list[Group]) -> list[RewardRequest]:
 
 def to_sequences(groups: list[Group], advantages: list[float]) -> list[TrainSequence]:
     """One sequence per sample, in group order, carrying its advantage and sampler log-probs."""
-    samples = [c for g in groups for c in g.samples]
+    samples = [(k, c) for k, g in enumerate(groups) for c in g.samples]
     return [
         TrainSequence(
             ids=c.prompt_token_ids + c.token_ids,
             prompt_len=len(c.prompt_token_ids),
             advantage=a,
             sampler_logps=c.logprobs if len(c.logprobs) == len(c.token_ids) else None,
+            group=k,
         )
-        for c, a in zip(samples, advantages, strict=True)
+        for (k, c), a in zip(samples, advantages, strict=True)
     ]

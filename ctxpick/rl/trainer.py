@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from ctxpick.config import Config, ConfigError
+from ctxpick.config import Config, ConfigError, picker_spec, reward_spec
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool, init_ray
 from ctxpick.engines.vllm_engine import chat_prompt_ids
 from ctxpick.picker.examples import PickerExample, load_picker_examples, warm_start_pick
-from ctxpick.picker.format import picker_chat, render_pick
+from ctxpick.picker.format import render_pick
 from ctxpick.rewards.reward import RewardSpec, RewardTerms
 from ctxpick.rewards.service import RewardClient
 from ctxpick.rl.grpo import group_advantages
@@ -102,8 +102,7 @@ class Run:
         self.tokenizer = AutoTokenizer.from_pretrained(resolve(model))
 
     def sync_weights(self) -> float:
-        buckets = self.learners.actors[0].weight_buckets.remote(self.cfg.rl.bucket_mb)
-        return self.engines.load_weights(buckets)
+        return self.engines.load_weights(self.learners.weight_buckets(self.cfg.rl.bucket_mb))
 
     def shutdown(self) -> None:
         self.engines.shutdown()
@@ -141,22 +140,23 @@ def grpo_step(
     cfg = run.cfg
     with timer("rollout"):
         groups = sample_groups(
-            run.engines, batch, _instruction(cfg), _sampling(cfg, step), cfg.picker.constrained
+            run.engines, batch, picker_spec(cfg), _sampling(cfg, step), cfg.picker.constrained
         )
     with timer("reward"):
         terms = run.rewards.score(reward_requests(groups), spec)
     rewards = torch.tensor([t.reward for ts in terms for t in ts])
     adv = group_advantages(rewards, cfg.stage.group_size, cfg.rl.learner.grpo.std_normalize)
     with timer("learn"):
-        stats = run.learners.step("grpo_step", to_sequences(groups, adv.tolist()))
+        seqs = to_sequences(groups, adv.tolist())
+        stats = run.learners.step("grpo_step", seqs, cfg.picker.temperature)
     return {**_term_means([t for ts in terms for t in ts]), **stats}, groups, terms
 
 
 def sft_step(run: Run, batch: list[PickerExample], timer: StepTimer) -> dict[str, float]:
-    instruction, eos = _instruction(run.cfg), run.tokenizer.eos_token_id
+    spec, eos = picker_spec(run.cfg), run.tokenizer.eos_token_id
     seqs = []
     for ex in batch:
-        prompt = chat_prompt_ids(run.tokenizer, picker_chat(instruction, ex.question, ex.passages))
+        prompt = chat_prompt_ids(run.tokenizer, spec.chat(ex.question, ex.passages))
         target = run.tokenizer.encode(render_pick(warm_start_pick(ex)), add_special_tokens=False)
         seqs.append(TrainSequence(prompt + target + [eos], len(prompt)))
     with timer("learn"):
@@ -165,7 +165,7 @@ def sft_step(run: Run, batch: list[PickerExample], timer: StepTimer) -> dict[str
 
 def validate(run: Run, val: list[PickerExample], spec: RewardSpec) -> dict[str, float]:
     """Greedy picks on the validation prompts, scored with the stage's reward."""
-    groups = sample_groups(run.engines, val, _instruction(run.cfg), _sampling(run.cfg, 0, True))
+    groups = sample_groups(run.engines, val, picker_spec(run.cfg), _sampling(run.cfg, 0, True))
     terms = run.rewards.score(reward_requests(groups), spec)
     return {f"val/{k}": v for k, v in _term_means([t for ts in terms for t in ts]).items()}
 
@@ -177,9 +177,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     ones; a resume restores the whole learner state from the checkpoint, so any will do."""
     stage, rl, out = cfg.stage, cfg.rl, Path(cfg.output_dir)
     data = _load_data(cfg)
-    spec = RewardSpec(
-        stage.redundancy_margin, stage.gamma, cfg.rewards.eq8, cfg.rewards.format_penalty
-    )
+    spec = reward_spec(cfg)
     stream = PromptStream(data["train"], rl.prompts_per_step, cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     init_ray(cfg.ray.address, cfg.ray.num_cpus)
@@ -192,6 +190,9 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     run.cfg = cfg  # reused actors serve this stage's prompts, sampling and reward
     state = _resume(run, out)
     tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), stage.name, asdict(cfg))
+    tracker.use_artifact(rl.mined, "dataset")
+    if stage.init_from:
+        tracker.use_artifact(stage.init_from, "model")
     metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
     print(
         f"[{stage.name}] {len(data['train'])} train / {len(data['val'])} val prompts, "
@@ -221,7 +222,9 @@ def train(cfg: Config, run: Run | None = None) -> Path:
             _checkpoint(run, out, state, rl.keep_checkpoints)
     final = out / "final"
     run.learners.call("save_pretrained", str(final))
+    picker_spec(cfg).save(final)  # the prompt and passage cut inference must use
     (out / "result.json").write_text(json.dumps(asdict(state), indent=2))
+    tracker.log_artifact(final, "model")
     tracker.finish()
     if owned:
         run.shutdown()
@@ -230,17 +233,11 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     return final
 
 
-def _instruction(cfg: Config) -> str:
-    return cfg.stage.instruction or cfg.picker.instruction
-
-
 def _load_data(cfg: Config) -> dict[str, list[PickerExample]]:
     path = Path(cfg.rl.mined)
     if not path.exists():
         raise ConfigError(f"rl.mined={path} does not exist: run `ctxpick mine` first")
-    data = load_picker_examples(
-        path, cfg.picker.max_passages, cfg.picker.max_passage_words, cfg.seed
-    )
+    data = load_picker_examples(path, cfg.picker.max_passages, cfg.seed)
     if not data["val"]:
         # Tiny runs can hash no question into val; validate on training prompts, and say so.
         print(f"  no validation prompts in {path}; validating on training prompts", flush=True)
@@ -285,16 +282,21 @@ def _resume(run: Run, out: Path) -> TrainState:
 
 class _MetricsLog:
     """Append-only ``metrics.jsonl``; steps past the checkpoint a run resumes from are dropped,
-    since they will be run again."""
+    since they will be run again, and so is a last line torn by a crash mid-write."""
 
     def __init__(self, path: Path, resume_step: int) -> None:
         kept = []
-        if path.exists():
-            kept = [
-                line
-                for line in path.read_text().splitlines()
-                if line and json.loads(line)["step"] <= resume_step
-            ]
+        lines = path.read_text().splitlines() if path.exists() else []
+        for n, line in enumerate(lines, 1):
+            try:
+                step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if n == len(lines):
+                    print(f"  {path}: dropping a torn last line", flush=True)
+                    continue
+                raise ValueError(f"{path}: line {n} is not a metrics record") from None
+            if step <= resume_step:
+                kept.append(line)
         path.write_text("".join(line + "\n" for line in kept))
         self.path = path
 
