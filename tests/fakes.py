@@ -40,25 +40,3 @@ def fake_pool(n: int, example_id: str = "ex") -> Pool:
         [float(n - i) for i in range(n)],
         None,
     )
-
-
-def human_gold_records(pools: list[Pool], splits: list[str]) -> list[dict]:
-    """Mined-dataset records whose "mined" set is the human gold evidence: real questions and
-    passages for training tests, without a mining run in front of them."""
-    records = []
-    for pool, split in zip(pools, splits, strict=False):
-        in_pool = [p.pid for p in pool.passages if p.pid in (pool.gold_pids or [])]
-        records.append(
-            {
-                "id": pool.example_id,
-                "dataset": pool.dataset,
-                "question": pool.question,
-                "answers": pool.answers,
-                "pool": [{"pid": p.pid, "title": p.title, "text": p.text} for p in pool.passages],
-                "kept": bool(in_pool),
-                "gold_minimal": in_pool,
-                "rewrites": [],
-                "split": split,
-            }
-        )
-    return records

@@ -171,3 +171,32 @@ def test_sweep_table_collects_every_job(tmp_path):
     )
     assert "stage.redundancy_margin=2" in lines[3] and "max_steps" in lines[3]
     assert sweep_table(tmp_path / "empty") is None
+
+
+def test_constrained_rollouts_allow_only_each_prompts_own_ids():
+    """Prompts with pools of different sizes each get the id pattern of their own pool."""
+    import re
+
+    from ctxpick.engines.base import Completion, SamplingConfig
+    from ctxpick.picker.spec import PickerSpec
+    from ctxpick.rl.rollout import sample_groups
+
+    class Recorder:  # stands in for the engine pool: records what each chat was sent with
+        def __init__(self):
+            self.sent = {}
+
+        def generate(self, chats, sampling, batch_size=16):
+            for chat in chats:
+                self.sent[chat[1]["content"]] = sampling.regex
+            return [[Completion("x", [], 0)] for _ in chats]
+
+    small = examples_from_record(_record(n=6, gold=("p1",), rewrites=()), 3, 0)[0]
+    large = examples_from_record(_record(n=6, rewrites=()), 6, 0)[0]
+    spec = PickerSpec("sys", 8, 10, 32)
+    engines = Recorder()
+    groups = sample_groups(engines, [large, small], spec, SamplingConfig(n=1), constrained=True)
+    assert [g.example for g in groups] == [large, small]  # batch order kept
+    for ex, n in ((small, 3), (large, 6)):
+        regex = re.compile(engines.sent[spec.chat(ex.question, ex.passages)[1]["content"]])
+        assert regex.fullmatch(f"<rationale>r</rationale><ids>[{n}]</ids>")
+        assert not regex.fullmatch(f"<rationale>r</rationale><ids>[{n + 1}]</ids>")

@@ -7,10 +7,10 @@ import shutil
 import pytest
 import torch
 from conftest import SAMPLES
-from fakes import human_gold_records
 
 from ctxpick.config import compose
 from ctxpick.data.loaders import load_examples
+from ctxpick.mining.human_gold import human_gold_records
 from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
 from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
 from ctxpick.rewards.reward import RewardSpec

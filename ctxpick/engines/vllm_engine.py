@@ -37,6 +37,7 @@ class VLLMEngine:
         cpu_kv_cache_gb: int = 4,
         enforce_eager: bool = True,
         logprobs_mode: str = "raw_logprobs",
+        weight_transfer: str | None = None,
     ) -> None:
         # Must be set before vllm is imported: the KV-cache size on CPU comes from the env.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))
@@ -65,6 +66,7 @@ class VLLMEngine:
             # (temperature, constrained-decoding mask), which importance correction needs.
             logprobs_mode=logprobs_mode,
             **cpu_only,
+            **_transfer_config(weight_transfer),
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = max_model_len
@@ -142,6 +144,31 @@ class VLLMEngine:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return time.time() - t0
+
+    # vLLM's weight-transfer control plane (GPU): the learners' trainer engine drives these
+    # through ``RayVLLMWeightSyncClient``, whose protocol names them.
+    def init_weight_transfer_engine(self, request: Any) -> None:
+        self.llm.init_weight_transfer_engine(request)
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, request: Any) -> None:
+        self.llm.update_weights(request)
+
+    def finish_weight_update(self) -> None:
+        self.llm.finish_weight_update()
+        self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+
+
+def _transfer_config(backend: str | None) -> dict[str, Any]:
+    """vLLM's weight-transfer engine (``nccl`` / ``ipc``) for GPU rollout workers; the CPU
+    path reloads safetensors buckets instead (:meth:`VLLMEngine.load_weights`)."""
+    if backend in (None, "object_store"):
+        return {}
+    from vllm.config import WeightTransferConfig
+
+    return {"weight_transfer_config": WeightTransferConfig(backend=backend)}
 
 
 def engine_actor_env(num_cpus: float, num_gpus: float) -> dict[str, str]:

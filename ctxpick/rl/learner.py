@@ -309,6 +309,19 @@ class Learner:
             buckets.append(save(current))
         return buckets
 
+    def connect_engines(self, mode: str, engines: list[Any], rendezvous: Any) -> None:
+        """GPU weight transfer (``nccl`` / ``ipc``) to the rollout engines, on every rank."""
+        from ctxpick.rl.weight_sync import trainer_engine
+
+        module = self.engine.module
+        self.transfer = trainer_engine(
+            mode, module, self.cfg.zero_stage, self.rank, engines, rendezvous
+        )
+
+    def send_weights(self) -> None:
+        """One GPU weight push; every rank joins (ZeRO-3 gathers), rank 0 sends."""
+        self.transfer.send_weights()
+
     def save_pretrained(self, path: str) -> str:
         """A self-contained HF folder (weights, config, tokenizer): Stage II starts from it and
         ``picker.model`` can name it."""
@@ -468,6 +481,11 @@ class LearnerGroup:
             "grad_norm": results[0]["grad_norm"],
             "lr": results[0]["lr"],
         }
+
+    def connect_engines(self, mode: str, engines: list[Any]) -> None:
+        """Set up vLLM's GPU weight transfer from the learners to ``engines`` (actor handles)."""
+        rendezvous = ray.get(self.actors[0].address.remote())  # a free port on rank 0's node
+        self.call("connect_engines", mode, engines, rendezvous)
 
     def weight_buckets(self, bucket_mb: int) -> ray.ObjectRef:
         """Rank 0's weight buckets; every rank joins the gather, and this returns once all

@@ -5,6 +5,7 @@ original names, so vLLM and the next stage never see the adapters."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,21 +43,25 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: list[str]) ->
     return wrapped
 
 
-def merged_state(model: nn.Module, gather: Any) -> dict[str, torch.Tensor]:
-    """Parameters under the model's original names, adapters merged. ``gather(params)`` is a
-    context manager that makes partitioned parameters whole (ZeRO-3)."""
-    state: dict[str, torch.Tensor] = {}
+def full_parameters(model: nn.Module, gather: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every parameter under the model's original names, adapters
+    merged, on the model's device. ``gather(params)`` is a context manager that makes
+    partitioned parameters whole (ZeRO-3: a collective, so every rank must iterate in step);
+    a tensor is valid until the next one is requested."""
     lora = {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
     for name, p in model.named_parameters():
         owner = name.rsplit(".", 2 if ".base." in name else 1)[0]
         if owner in lora:
             if name.endswith("base.weight"):
-                m = lora[owner]
                 with torch.no_grad():
-                    state[f"{owner}.weight"] = m.merged_weight().to("cpu", copy=True).contiguous()
+                    yield f"{owner}.weight", lora[owner].merged_weight()
             elif name.endswith("base.bias"):
-                state[f"{owner}.bias"] = p.detach().to("cpu", copy=True).contiguous()
+                yield f"{owner}.bias", p.detach()
             continue
         with gather([p]):
-            state[name] = p.detach().to("cpu", copy=True).contiguous()
-    return state
+            yield name, p.detach()
+
+
+def merged_state(model: nn.Module, gather: Any) -> dict[str, torch.Tensor]:
+    """:func:`full_parameters` as a CPU state dict."""
+    return {name: t.to("cpu", copy=True).contiguous() for name, t in full_parameters(model, gather)}

@@ -89,11 +89,19 @@ class Run:
         if stage.init_from and not (Path(stage.init_from) / "config.json").exists():
             raise ConfigError(f"stage.init_from={stage.init_from} is not a model folder")
         # Engines load while the learners initialise.
+        self.transfer = rl.transfer_mode()
         self.engines = EnginePool.from_config(
-            model, rl.rollout, cfg.seed, wait=False, logprobs_mode="processed_logprobs"
+            model,
+            rl.rollout,
+            cfg.seed,
+            wait=False,
+            logprobs_mode="processed_logprobs",
+            weight_transfer=self.transfer,
         )
         self.learners = LearnerGroup(rl.learner, stage.lr, init_from=stage.init_from)
         self.engines.ready()
+        if self.transfer != "object_store":
+            self.learners.connect_engines(self.transfer, self.engines.actors)
         self.rewards = RewardClient(cfg.rewards.timeout_s, cfg.rewards.fallback)
         from transformers import AutoTokenizer
 
@@ -102,7 +110,12 @@ class Run:
         self.tokenizer = AutoTokenizer.from_pretrained(resolve(model))
 
     def sync_weights(self) -> float:
-        return self.engines.load_weights(self.learners.weight_buckets(self.cfg.rl.bucket_mb))
+        """Push the learners' weights to the rollout workers; returns the seconds it took."""
+        if self.transfer == "object_store":
+            return self.engines.load_weights(self.learners.weight_buckets(self.cfg.rl.bucket_mb))
+        t0 = time.time()
+        self.learners.call("send_weights")
+        return time.time() - t0
 
     def shutdown(self) -> None:
         self.engines.shutdown()
@@ -149,7 +162,9 @@ def grpo_step(
     with timer("learn"):
         seqs = to_sequences(groups, adv.tolist())
         stats = run.learners.step("grpo_step", seqs, cfg.picker.temperature)
-    return {**_term_means([t for ts in terms for t in ts]), **stats}, groups, terms
+    prompt_tokens = sum(len(g.samples[0].prompt_token_ids) for g in groups)
+    metrics = {**_term_means([t for ts in terms for t in ts]), **stats}
+    return metrics | {"prompt_tokens": prompt_tokens}, groups, terms
 
 
 def sft_step(run: Run, batch: list[PickerExample], timer: StepTimer) -> dict[str, float]:
