@@ -12,6 +12,18 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 SAMPLES = REPO / "ctxpick" / "data" / "samples"
 
+# A small random decoder of the supported families (LlamaConfig / Qwen2Config keyword arguments)
+# for fast tests of the learner's maths on real transformers models.
+TINY_DECODER = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
 needs_shared = pytest.mark.skipif(
     not SHARED.is_dir(), reason="../shared/data is absent (a fresh clone); CI has it"
 )

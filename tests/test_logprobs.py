@@ -3,6 +3,7 @@ real transformers models (small random configs of the supported families)."""
 
 import pytest
 import torch
+from conftest import TINY_DECODER
 from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
@@ -12,16 +13,6 @@ from transformers import (
 )
 
 from ctxpick.rl.logprobs import check_supported, group_logprobs
-
-SMALL = dict(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
 
 
 def _model(config):
@@ -41,7 +32,7 @@ def _plain(model, prompt, responses, mask, temperature):
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("config", [LlamaConfig(**SMALL), Qwen2Config(**SMALL)])
+@pytest.mark.parametrize("config", [LlamaConfig(**TINY_DECODER), Qwen2Config(**TINY_DECODER)])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_shared_prompt_logprobs_and_gradients_equal_a_plain_forward(config, temperature):
     model = _model(config)
@@ -67,7 +58,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_a_plain_forward(config, temp
 
 
 def test_temperature_changes_logprobs_as_vllm_samples_them():
-    model = _model(LlamaConfig(**SMALL))
+    model = _model(LlamaConfig(**TINY_DECODER))
     prompt, responses = torch.arange(10), torch.arange(10, 16)[None]
     mask = torch.ones(1, 6)
     with torch.no_grad():
@@ -81,11 +72,11 @@ def test_temperature_changes_logprobs_as_vllm_samples_them():
 
 
 def test_unsupported_model_classes_are_refused():
-    check_supported(_model(LlamaConfig(**SMALL)))
+    check_supported(_model(LlamaConfig(**TINY_DECODER)))
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=97))
     with pytest.raises(ValueError, match="model type 'gpt2'.*not supported"):
         check_supported(gpt2)
-    scaled = _model(LlamaConfig(**SMALL))
+    scaled = _model(LlamaConfig(**TINY_DECODER))
     scaled.config.logits_scaling = 2.0
     with pytest.raises(ValueError, match="scales its logits: logits_scaling"):
         check_supported(scaled)

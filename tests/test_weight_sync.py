@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import TINY_DECODER
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from ctxpick.config import ConfigError, compose
@@ -25,14 +26,7 @@ def test_weight_source_streams_full_merged_weights_under_hf_names():
     element (vLLM sizes its receive buffers from the one and sends the other), under the
     names of the model's own state dict, LoRA merged."""
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    config = LlamaConfig(**TINY_DECODER)
     plain = AutoModelForCausalLM.from_config(config)
     names = [n for n, _ in plain.named_parameters()]
     model = AutoModelForCausalLM.from_config(config)
@@ -46,7 +40,10 @@ def test_weight_source_streams_full_merged_weights_under_hf_names():
     meta = source.metadata()
     pairs = list(source)
     assert [m.name for m in meta] == [n for n, _ in pairs] == names
-    assert all(m.shape == tuple(t.shape) and m.dtype == t.dtype for m, (_, t) in zip(meta, pairs))
+    assert all(
+        m.shape == tuple(t.shape) and m.dtype == t.dtype
+        for m, (_, t) in zip(meta, pairs, strict=True)
+    )
     q = dict(pairs)["model.layers.0.self_attn.q_proj.weight"]
     lora = model.model.layers[0].self_attn.q_proj
     assert torch.allclose(q, lora.merged_weight())
