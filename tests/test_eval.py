@@ -173,3 +173,28 @@ def test_picker_shows_cut_passages_returns_full_ones_and_falls_back_on_bad_outpu
     assert good.passages[0].text == ps[1].text  # the generator gets the full passage
     assert not bad.valid and [p.pid for p in bad.passages] == ["p0", "p1"]
     assert "missing <rationale>" in bad.reason
+
+
+def test_results_are_keyed_by_what_produced_them(tmp_path):
+    """A re-run with another picker (same label), budget or generator gets new record keys,
+    so the old rows are neither skipped-as-done nor reported."""
+    from ctxpick.eval.harness import fingerprint
+
+    for name, weights in (("a", b"weights A"), ("b", b"weights B")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(weights)
+        (tmp_path / name / "picker.json").write_text('{"instruction": "x"}')
+    base = ["eval.methods=[bm25,picker]"]
+    a = compose([*base, f"+eval.pickers.s2={tmp_path / 'a'}"])
+    b = compose([*base, f"+eval.pickers.s2={tmp_path / 'b'}"])
+    again = compose([*base, f"+eval.pickers.s2={tmp_path / 'a'}"])
+    assert fingerprint(a, "picker:s2") == fingerprint(again, "picker:s2")
+    assert fingerprint(a, "picker:s2") != fingerprint(b, "picker:s2")
+    assert fingerprint(a, "bm25@5") == fingerprint(b, "bm25@5")  # the baseline did not change
+    budget = compose([*base, "eval.token_budget=300", f"+eval.pickers.s2={tmp_path / 'a'}"])
+    assert fingerprint(a, "bm25@5") != fingerprint(budget, "bm25@5")
+    other_gen = compose([*base, "model=smollm2-135m", f"+eval.pickers.s2={tmp_path / 'a'}"])
+    assert fingerprint(a, "bm25@5") != fingerprint(other_gen, "bm25@5")
+    before = fingerprint(a, "picker:s2")
+    (tmp_path / "a" / "picker.json").write_text('{"instruction": "y"}')  # another prompt
+    assert fingerprint(a, "picker:s2") != before

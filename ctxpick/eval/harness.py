@@ -23,8 +23,10 @@ from ctxpick.eval import methods as M
 from ctxpick.eval.report import (
     MethodResult,
     aggregate,
+    ci_table,
     detail_table,
     main_table,
+    paired_table,
     plot_accuracy_vs_tokens,
 )
 from ctxpick.jsonl import JsonlWriter, read_done
@@ -190,7 +192,11 @@ def run_eval(cfg: Config) -> Path:
 
     print(f"[3/4] generating with {cfg.model.name} and judging ({cfg.judge.mode})", flush=True)
     records_path = out / "examples.jsonl"
-    done = read_done(records_path)  # a re-run skips the (question, method) pairs written
+    # A re-run skips the (question, method) pairs written by the same settings; rows written
+    # under other settings (another picker, prompt, budget, generator) stay in the file but
+    # are never reported.
+    prints = {label: fingerprint(cfg, label) for label in selections}
+    done = read_done(records_path)
     writer = JsonlWriter(records_path)
     engines = EnginePool.from_config(cfg.model.name, cfg.model.engine, cfg.seed)
     answer = _Answerer(cfg, engines, count)
@@ -199,12 +205,15 @@ def run_eval(cfg: Config) -> Path:
         todo = [
             (r, sel)
             for r, sel in zip(items, rows, strict=True)
-            if sel.passages is not None and f"{r.item.example.id}|{label}" not in done
+            if sel.passages is not None
+            and _record_id(r.item.example.id, label, prints[label]) not in done
         ]
         if not todo:
             continue
         records, seconds = answer(label, todo)
         for rec in records:
+            rec["fingerprint"] = prints[label]
+            rec["id"] = _record_id(rec["example_id"], label, prints[label])
             writer.write(rec)
             done[rec["id"]] = rec
         for ds in {r.item.example.dataset for r, _ in todo}:
@@ -214,14 +223,33 @@ def run_eval(cfg: Config) -> Path:
     engines.shutdown()
 
     print("[4/4] report", flush=True)
-    results = aggregate(list(done.values()), timings)
-    table = main_table(results, all_labels(cfg, items))
+    current = [
+        done[key]
+        for label, rows in selections.items()
+        for r, sel in zip(items, rows, strict=True)
+        if sel.passages is not None
+        and (key := _record_id(r.item.example.id, label, prints[label])) in done
+    ]
+    results = aggregate(current, timings)
+    labels = all_labels(cfg, items)
+    table = main_table(results, labels)
+    pickers = [m for m in labels if m.startswith("picker:")]
+    baselines = [m for m in labels if not m.startswith("picker:") and m != "oracle"]
     plots = plot_accuracy_vs_tokens(results, out)
     budget = f"token budget {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
     (out / "report.md").write_text(
         f"# ctxpick evaluation\n\nGenerator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}.\n"
         "acc = judged answer accuracy (%), tok = mean context tokens sent to the generator.\n\n"
-        f"{table}\n\n## Details\n\n{detail_table(results)}\n",
+        f"{table}\n\n## With 95% confidence intervals\n\n"
+        "Percentile bootstrap over questions (2000 resamples); `n` is how many questions a row "
+        "rests on; the average resamples each dataset on its own. Evidence metrics are against "
+        "the human gold evidence, where a dataset has it.\n\n"
+        f"{ci_table(current, labels)}\n\n"
+        "## Pickers against baselines (paired)\n\n"
+        "Mean difference picker - baseline over the questions both answered, with the paired "
+        "bootstrap 95% interval; * marks an interval that excludes 0.\n\n"
+        f"{paired_table(current, pickers, baselines) if pickers else '(no picker evaluated)'}\n\n"
+        f"## Details\n\n{detail_table(results)}\n",
         encoding="utf-8",
     )
     (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
@@ -241,6 +269,44 @@ def run_eval(cfg: Config) -> Path:
     print("plots: " + ", ".join(str(p) for p in plots))
     print(f"done in {time.time() - t_start:.0f}s", flush=True)
     return out / "report.md"
+
+
+def _record_id(example_id: str, label: str, fingerprint: str) -> str:
+    return f"{example_id}|{label}|{fingerprint}"
+
+
+def fingerprint(cfg: Config, label: str) -> str:
+    """What produced a method's answers: the generator and its prompt, the judge, retrieval,
+    the token budget, and for a picker its folder's prompt, config and weights."""
+    import hashlib
+
+    what: dict[str, Any] = {
+        "model": cfg.model.name,
+        "generator": asdict(cfg.generator),
+        "judge": asdict(cfg.judge),
+        "retrieval": asdict(cfg.retrieval),
+        "token_budget": cfg.eval.token_budget,
+        "tokenizer": cfg.eval.tokenizer,
+        "adaptive_min_k": cfg.eval.adaptive_min_k,
+        "seed": cfg.seed,
+        "label": label,
+    }
+    if label.startswith("picker:"):
+        folder = Path(cfg.eval.pickers[label.removeprefix("picker:")])
+        what["picker"] = [
+            (f.name, _file_digest(f))
+            for f in sorted(folder.iterdir())
+            if f.suffix in (".json", ".safetensors")
+        ]
+    blob = json.dumps(what, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _record(

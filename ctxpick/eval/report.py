@@ -9,6 +9,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from ctxpick.eval.stats import Estimate, bootstrap_mean, stratified_mean
 from ctxpick.table import markdown_table
 
 
@@ -30,11 +31,48 @@ class MethodResult:
     judge_s: float
     budget_cut: float  # fraction of questions whose selection the token budget cut
     invalid_picks: float | None = None  # pickers: fraction of outputs that did not parse
+    evidence_f1: float | None = None
+    # 95% bootstrap intervals [lo, hi] (ctxpick/eval/stats.py)
+    accuracy_ci: tuple[float, float] = (0.0, 0.0)
+    evidence_f1_ci: tuple[float, float] | None = None
+    context_tokens_ci: tuple[float, float] = (0.0, 0.0)
 
 
 def _mean_or_none(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return mean(present) if present else None
+
+
+def evidence_f1(rec: dict[str, Any]) -> float | None:
+    """Evidence F1 of one record against the human gold (None where there is no gold)."""
+    recall, precision = rec.get("evidence_recall"), rec.get("evidence_precision")
+    if recall is None:
+        return None
+    if not precision or not recall:
+        return 0.0
+    return 2 * precision * recall / (precision + recall)
+
+
+# Per-question values behind each metric with an interval.
+METRICS = {
+    "accuracy": lambda r: float(r["correct"]),
+    "evidence_f1": evidence_f1,
+    "evidence_recall": lambda r: r.get("evidence_recall"),
+    "evidence_precision": lambda r: r.get("evidence_precision"),
+    "context_tokens": lambda r: float(r["context_tokens"]),
+}
+
+
+def _values(rs: list[dict[str, Any]], metric: str) -> list[float]:
+    return [v for v in map(METRICS[metric], rs) if v is not None]
+
+
+def _ci(rs: list[dict[str, Any]], metric: str) -> tuple[float, float] | None:
+    values = _values(rs, metric)
+    if not values:
+        return None
+    e = bootstrap_mean(values)
+    return (e.lo, e.hi)
 
 
 def aggregate(
@@ -67,6 +105,10 @@ def aggregate(
                 judge_s=t.get("judge", 0.0) / n,
                 budget_cut=mean(float(r["budget_cut"]) for r in rs),
                 invalid_picks=1 - mean(map(float, picks)) if picks else None,
+                evidence_f1=_mean_or_none([evidence_f1(r) for r in rs]),
+                accuracy_ci=_ci(rs, "accuracy"),
+                evidence_f1_ci=_ci(rs, "evidence_f1"),
+                context_tokens_ci=_ci(rs, "context_tokens"),
             )
         )
     return out
@@ -159,7 +201,17 @@ def plot_accuracy_vs_tokens(results: list[MethodResult], out_dir: Path) -> list[
         rs = [r for r in results if r.dataset == dataset]
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in rs:
-            ax.scatter(r.context_tokens, 100 * r.accuracy, s=30)
+            (alo, ahi), (tlo, thi) = r.accuracy_ci, r.context_tokens_ci
+            ax.errorbar(
+                r.context_tokens,
+                100 * r.accuracy,
+                xerr=[[r.context_tokens - tlo], [thi - r.context_tokens]],
+                yerr=[[100 * (r.accuracy - alo)], [100 * (ahi - r.accuracy)]],
+                fmt="o",
+                markersize=4,
+                capsize=2,
+                elinewidth=0.8,
+            )
             ax.annotate(
                 r.method,
                 (r.context_tokens, 100 * r.accuracy),
@@ -168,7 +220,7 @@ def plot_accuracy_vs_tokens(results: list[MethodResult], out_dir: Path) -> list[
                 textcoords="offset points",
             )
         ax.set_xlabel("mean context tokens sent to the generator")
-        ax.set_ylabel("judged accuracy (%)")
+        ax.set_ylabel("judged accuracy (%), 95% CI")
         ax.set_title(f"{dataset}: accuracy vs context ({rs[0].questions} questions)")
         ax.grid(alpha=0.3)
         fig.tight_layout()
@@ -177,3 +229,75 @@ def plot_accuracy_vs_tokens(results: list[MethodResult], out_dir: Path) -> list[
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _interval_cell(e: Estimate | None, scale: float = 100, digits: int = 1) -> str:
+    if e is None:
+        return "n/a"
+    return f"{scale * e.mean:.{digits}f} [{scale * e.lo:.{digits}f}, {scale * e.hi:.{digits}f}]"
+
+
+def _estimate(groups: list[list[float]]) -> Estimate | None:
+    """One dataset: its bootstrap; several: the average over datasets, stratified."""
+    groups = [g for g in groups if g]
+    if not groups:
+        return None
+    return bootstrap_mean(groups[0]) if len(groups) == 1 else stratified_mean(groups)
+
+
+def ci_table(records: list[dict[str, Any]], methods: list[str]) -> str:
+    """Per dataset and method, and on the average over datasets (each dataset resampled on
+    its own): judged accuracy, evidence F1, recall and precision (%), and context tokens,
+    each with its 95% bootstrap interval, and the number of questions it rests on."""
+    by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by[(r["dataset"], r["method"])].append(r)
+    datasets = sorted({d for d, _ in by})
+    rows = [["dataset", "method", "n", "acc %", "ev. F1 %", "ev. recall %", "ev. prec. %", "tok"]]
+    for d in [*datasets, "average"]:
+        for m in methods:
+            groups = [by[(x, m)] for x in (datasets if d == "average" else [d]) if by.get((x, m))]
+            if not groups:
+                continue
+            cells = [_estimate([_values(g, metric) for g in groups]) for metric in METRICS]
+            rows.append(
+                [d, m, str(sum(map(len, groups)))]
+                + [_interval_cell(e) for e in cells[:-1]]
+                + [_interval_cell(cells[-1], scale=1, digits=0)]
+            )
+    return markdown_table(rows)
+
+
+def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str) -> list[float]:
+    """Per-question differences (first - second) where both have the metric."""
+    f = METRICS[metric]
+    return [f(x) - f(y) for x, y in pairs if f(x) is not None and f(y) is not None]
+
+
+def paired_table(records: list[dict[str, Any]], pickers: list[str], baselines: list[str]) -> str:
+    """Each picker against each baseline on the questions both answered: the mean difference
+    (picker - baseline) in judged accuracy, evidence F1 and context tokens, with its paired
+    95% bootstrap interval (the questions resampled together), per dataset and on the average
+    over datasets. A * marks an interval that excludes 0."""
+    by = {(r["dataset"], r["method"], r["example_id"]): r for r in records}
+    datasets = sorted({r["dataset"] for r in records})
+    rows = [["picker", "baseline", "dataset", "n", "Δ acc %", "Δ ev. F1 %", "Δ tok"]]
+    for p, b in ((p, b) for p in pickers for b in baselines):
+        per_dataset = {}
+        for d in datasets:
+            qs = sorted(q for (x, m, q) in by if x == d and m == p and (d, b, q) in by)
+            if qs:
+                per_dataset[d] = [(by[(d, p, q)], by[(d, b, q)]) for q in qs]
+        for d in [*per_dataset, "average"] if per_dataset else []:
+            chosen = list(per_dataset.values()) if d == "average" else [per_dataset[d]]
+            cells = []
+            for metric, scale, digits in (
+                ("accuracy", 100, 1),
+                ("evidence_f1", 100, 1),
+                ("context_tokens", 1, 0),
+            ):
+                e = _estimate([_paired(pairs, metric) for pairs in chosen])
+                mark = "*" if e is not None and e.excludes_zero() else ""
+                cells.append(_interval_cell(e, scale, digits) + mark)
+            rows.append([p, b, d, str(sum(map(len, chosen))), *cells])
+    return markdown_table(rows)

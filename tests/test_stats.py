@@ -1,0 +1,97 @@
+"""Bootstrap intervals and the paired comparison, against hand-computed and seeded cases."""
+
+import numpy as np
+import pytest
+
+from ctxpick.eval.report import ci_table, paired_table
+from ctxpick.eval.stats import bootstrap_mean, stratified_mean
+
+
+def test_bootstrap_of_a_constant_is_the_constant():
+    e = bootstrap_mean([0.5] * 10)
+    assert (e.mean, e.lo, e.hi, e.n) == (0.5, 0.5, 0.5, 10)
+    assert e.excludes_zero()
+
+
+def test_bootstrap_interval_matches_the_normal_approximation():
+    """Accuracy of 120/200: the bootstrap interval is close to p ± 1.96 sqrt(p(1-p)/n)."""
+    values = [1.0] * 120 + [0.0] * 80
+    e = bootstrap_mean(values, n_boot=4000, seed=1)
+    half = 1.96 * np.sqrt(0.6 * 0.4 / 200)
+    assert e.mean == pytest.approx(0.6)
+    assert e.lo == pytest.approx(0.6 - half, abs=0.01)
+    assert e.hi == pytest.approx(0.6 + half, abs=0.01)
+    assert bootstrap_mean(values, seed=3) == bootstrap_mean(values, seed=3)  # seeded
+
+
+def _rec(method, example_id, correct, tokens, dataset="hotpotqa", recall=None, precision=None):
+    return {
+        "dataset": dataset,
+        "method": method,
+        "example_id": example_id,
+        "correct": correct,
+        "context_tokens": tokens,
+        "evidence_recall": recall,
+        "evidence_precision": precision,
+    }
+
+
+def _row(table, picker, baseline, dataset):
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if cells[:3] == [picker, baseline, dataset]:
+            return cells[3:]
+    raise AssertionError(f"no row {picker} / {baseline} / {dataset}")
+
+
+def test_paired_comparison_keeps_the_pairing():
+    """A picker that is right exactly where the baseline is, with 100 fewer tokens on every
+    question: accuracy difference 0 [0, 0], tokens -100 [-100, -100]*, though both methods'
+    own accuracies spread widely. Questions only one method answered are left out."""
+    rng = np.random.default_rng(0)
+    correct = rng.random(40) < 0.5
+    recs = [_rec("bm25@5", f"q{i}", bool(c), 300) for i, c in enumerate(correct)]
+    recs += [_rec("picker:s2", f"q{i}", bool(c), 200) for i, c in enumerate(correct)]
+    recs += [_rec("picker:s2", "extra", True, 10)]
+    n, acc, _, tok = _row(
+        paired_table(recs, ["picker:s2"], ["bm25@5"]), "picker:s2", "bm25@5", "hotpotqa"
+    )
+    assert n == "40" and acc == "0.0 [0.0, 0.0]" and tok == "-100 [-100, -100]*"
+    assert bootstrap_mean(correct.astype(float)).hi - bootstrap_mean(correct.astype(float)).lo > 0.2
+
+
+def test_paired_comparison_by_hand_and_on_the_average():
+    """Accuracy differences [+1, 0, 0, -1]: mean 0 with an interval around it (no *); the
+    average over two datasets weights each dataset equally."""
+    recs = []
+    for i, (p, b) in enumerate([(1, 0), (0, 0), (1, 1), (0, 1)]):
+        recs += [_rec("picker:s2", f"q{i}", bool(p), 100), _rec("bm25@5", f"q{i}", bool(b), 100)]
+    recs += [
+        _rec("picker:s2", "m0", True, 50, "musique"),
+        _rec("bm25@5", "m0", False, 50, "musique"),
+    ]
+    table = paired_table(recs, ["picker:s2"], ["bm25@5"])
+    n, acc, ev, tok = _row(table, "picker:s2", "bm25@5", "hotpotqa")
+    lo, hi = (float(x) for x in acc.split("[")[1].rstrip("]").split(","))
+    assert n == "4" and acc.startswith("0.0 [") and lo < 0 < hi and "*" not in acc
+    assert ev == "n/a" and tok == "0 [0, 0]"
+    n, acc, _, _ = _row(table, "picker:s2", "bm25@5", "average")
+    assert n == "5" and acc.startswith("50.0 [")  # (0 + 100) / 2
+
+
+def test_ci_table_says_what_each_cell_rests_on():
+    recs = [
+        _rec("bm25@5", f"q{i}", i % 2 == 0, 100 + i, recall=1.0, precision=0.5) for i in range(10)
+    ]
+    table = ci_table(recs, ["bm25@5"])
+    row = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    assert row[:3] == ["hotpotqa", "bm25@5", "10"]
+    assert row[3].startswith("50.0 [") and row[4] == "66.7 [66.7, 66.7]"  # F1 of P=.5, R=1
+    assert table.splitlines()[3].split("|")[1].strip() == "average"
+
+
+def test_stratified_average_weights_datasets_equally():
+    e = stratified_mean([[1.0] * 4, [0.0] * 100])
+    assert e.mean == 0.5 and e.lo == 0.5 and e.hi == 0.5 and e.n == 104
+    spread = stratified_mean([[1.0, 0.0] * 20, [1.0, 0.0] * 20], seed=2)
+    assert spread.lo < 0.5 < spread.hi
