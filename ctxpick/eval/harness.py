@@ -27,6 +27,7 @@ from ctxpick.eval.report import (
     detail_table,
     main_table,
     paired_table,
+    picker_diagnostics,
     plot_accuracy_vs_tokens,
 )
 from ctxpick.jsonl import JsonlWriter, read_done
@@ -121,9 +122,17 @@ def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]
         M.Selection(
             pk.passages,
             per_item,
-            {"pick_valid": pk.valid, "pick_output": pk.text, "pick_invalid_reason": pk.reason},
+            {
+                "pick_valid": pk.valid,
+                "pick_output": pk.text,
+                "pick_invalid_reason": pk.reason,
+                # for the collapse diagnostics (ctxpick/picker/diagnostics.py)
+                "pick_ids": list(pk.ids) if pk.ids is not None else None,
+                "shown_pids": [r.item.passages[i].pid for i in r.pool[: spec.max_passages]],
+                "gold_pids": r.item.gold_pids,
+            },
         )
-        for pk in picks
+        for pk, r in zip(picks, items, strict=True)
     ]
 
 
@@ -232,8 +241,9 @@ def run_eval(cfg: Config) -> Path:
     ]
     results = aggregate(current, timings)
     labels = all_labels(cfg, items)
-    table = main_table(results, labels)
     pickers = [m for m in labels if m.startswith("picker:")]
+    diagnostics, flags = picker_diagnostics(current, pickers)
+    table = main_table(results, labels, flags)
     baselines = [m for m in labels if not m.startswith("picker:") and m != "oracle"]
     plots = plot_accuracy_vs_tokens(results, out)
     budget = f"token budget {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
@@ -245,6 +255,7 @@ def run_eval(cfg: Config) -> Path:
         "rests on; the average resamples each dataset on its own. Evidence metrics are against "
         "the human gold evidence, where a dataset has it.\n\n"
         f"{ci_table(current, labels)}\n\n"
+        f"{diagnostics}\n\n"
         "## Pickers against baselines (paired)\n\n"
         "Mean difference picker - baseline over the questions both answered, with the paired "
         "bootstrap 95% interval; * marks an interval that excludes 0.\n\n"

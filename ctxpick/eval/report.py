@@ -10,7 +10,10 @@ from statistics import mean
 from typing import Any
 
 from ctxpick.eval.stats import Estimate, bootstrap_mean, stratified_mean
+from ctxpick.picker.diagnostics import PREFIX_FLAG
 from ctxpick.table import markdown_table
+
+PREFIX_PERCENT = round(100 * PREFIX_FLAG)
 
 
 @dataclass
@@ -118,9 +121,12 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}"
 
 
-def main_table(results: list[MethodResult], methods: list[str]) -> str:
+def main_table(
+    results: list[MethodResult], methods: list[str], flags: dict[str, str] | None = None
+) -> str:
     """Table 1 of the paper (judged accuracy per dataset) with the context each method sends:
-    per dataset, accuracy (%) and mean context tokens; then the averages."""
+    per dataset, accuracy (%) and mean context tokens; then the averages. A method in
+    ``flags`` (a collapsed or copying picker) is marked ``(!)``."""
     datasets = sorted({r.dataset for r in results})
     by = {(r.dataset, r.method): r for r in results}
     header = ["method"]
@@ -132,7 +138,7 @@ def main_table(results: list[MethodResult], methods: list[str]) -> str:
         cells = [by.get((d, m)) for d in datasets]
         if not any(cells):
             continue
-        row = [m]
+        row = [f"{m} (!)" if (flags or {}).get(m) else m]
         for c in cells:
             row += ["-", "-"] if c is None else [_pct(c.accuracy), f"{c.context_tokens:.0f}"]
         present = [c for c in cells if c is not None]
@@ -301,3 +307,82 @@ def paired_table(records: list[dict[str, Any]], pickers: list[str], baselines: l
                 cells.append(_interval_cell(e, scale, digits) + mark)
             rows.append([p, b, d, str(sum(map(len, chosen))), *cells])
     return markdown_table(rows)
+
+
+def picker_diagnostics(
+    records: list[dict[str, Any]], pickers: list[str]
+) -> tuple[str, dict[str, str]]:
+    """The collapse section of the report (see :mod:`ctxpick.picker.diagnostics`) and each
+    flagged picker's reason. Controls: a random subset of the picker's size from the same
+    shown passages, and the picker's most frequent id set for every question; "beats" means
+    the paired 95% interval of the evidence-F1 difference lies above 0."""
+    from ctxpick.picker.diagnostics import PickRecord, diagnose
+
+    if not pickers:
+        return "", {}
+    rows = [
+        [
+            "picker",
+            "n",
+            "valid %",
+            "distinct sets %",
+            "most frequent set",
+            "top-|S| prefix %",
+            "ev. F1 %",
+            "random ev. F1 %",
+            "constant ev. F1 %",
+            "flag",
+        ]
+    ]
+    positions, flags = [], {}
+    for label in pickers:
+        picks = []
+        for r in records:
+            if r["method"] != label or "shown_pids" not in r:
+                continue
+            shown, gold = r["shown_pids"], set(r.get("gold_pids") or ())
+            picks.append(
+                PickRecord(
+                    tuple(r["pick_ids"]) if r.get("pick_ids") is not None else None,
+                    len(shown),
+                    tuple(i for i, pid in enumerate(shown, 1) if pid in gold) if gold else None,
+                )
+            )
+        if not picks:
+            continue
+        d = diagnose(picks)
+
+        def beats(control: list[float], d: Any = d) -> bool:
+            diff = [a - b for a, b in zip(d.f1, control, strict=True)]
+            return bool(diff) and bootstrap_mean(diff).lo > 0
+
+        flag = d.flag(beats(d.random_f1), beats(d.constant_f1))
+        if flag:
+            flags[label] = flag
+        f1s = [bootstrap_mean(x) if x else None for x in (d.f1, d.random_f1, d.constant_f1)]
+        rows.append(
+            [
+                label,
+                str(d.n),
+                f"{100 * d.valid:.0f}",
+                f"{100 * d.distinct_sets:.0f}",
+                f"{list(d.top_set)} ({100 * d.top_set_share:.0f}%)",
+                f"{100 * d.prefix_share:.0f}",
+                *(_interval_cell(e) for e in f1s),
+                flag or "ok",
+            ]
+        )
+        picked = " ".join(f"{100 * x:.0f}" for x in d.picked_by_position)
+        gold = " ".join(f"{100 * x:.0f}" for x in d.gold_by_position)
+        positions.append(f"- `{label}` picks (% of valid picks holding position 1..N): {picked}")
+        positions.append(f"  gold (% of questions with gold at position 1..N): {gold}")
+    text = (
+        "## Is each picker reading its input?\n\n"
+        "Evidence F1 (%) over the questions with gold evidence, against two controls built from "
+        "the picker's own picks: a random subset of the same size from the same shown passages, "
+        "and its most frequent id set for every question. A picker whose paired interval does "
+        "not lie above a control, or that copies the retriever's top-|S| in at least "
+        f"{PREFIX_PERCENT}% of its picks, is flagged, and marked (!) in the main table.\n\n"
+        f"{markdown_table(rows)}\n\n" + "\n".join(positions)
+    )
+    return text, flags

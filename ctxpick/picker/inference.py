@@ -25,6 +25,7 @@ class PickResult:
     rationale: str
     valid: bool
     reason: str = ""  # why the output was invalid
+    ids: tuple[int, ...] | None = None  # 1-based positions picked among those shown
 
 
 class Picker:
@@ -56,5 +57,6 @@ class Picker:
             except InvalidPick as err:
                 results.append(PickResult(ps, text, "", False, str(err)))
                 continue
-            results.append(PickResult([ps[i - 1] for i in pick.ids], text, pick.rationale, True))
+            chosen = [ps[i - 1] for i in pick.ids]
+            results.append(PickResult(chosen, text, pick.rationale, True, ids=pick.ids))
         return results

@@ -26,8 +26,9 @@ from ctxpick.config import Config, ConfigError, picker_spec, reward_spec
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool, init_ray
 from ctxpick.engines.vllm_engine import chat_prompt_ids
+from ctxpick.picker.diagnostics import PickRecord, diagnose
 from ctxpick.picker.examples import PickerExample, load_picker_examples, warm_start_pick
-from ctxpick.picker.format import render_pick
+from ctxpick.picker.format import InvalidPick, parse_pick, render_pick
 from ctxpick.rewards.reward import RewardSpec, RewardTerms
 from ctxpick.rewards.service import RewardClient
 from ctxpick.rl.grpo import group_advantages
@@ -179,10 +180,27 @@ def sft_step(run: Run, batch: list[PickerExample], timer: StepTimer) -> dict[str
 
 
 def validate(run: Run, val: list[PickerExample], spec: RewardSpec) -> dict[str, float]:
-    """Greedy picks on the validation prompts, scored with the stage's reward."""
+    """Greedy picks on the validation prompts, scored with the stage's reward, and the collapse
+    diagnostics (a picker giving the same ids whatever the question shows here first)."""
     groups = sample_groups(run.engines, val, picker_spec(run.cfg), _sampling(run.cfg, 0, True))
     terms = run.rewards.score(reward_requests(groups), spec)
-    return {f"val/{k}": v for k, v in _term_means([t for ts in terms for t in ts]).items()}
+    metrics = _term_means([t for ts in terms for t in ts])
+    d = diagnose([_pick_record(g) for g in groups])
+    metrics |= {
+        "distinct_sets": d.distinct_sets,
+        "top_set_share": d.top_set_share,
+        "f1_minus_random": mean(d.f1) - mean(d.random_f1) if d.f1 else 0.0,
+    }
+    return {f"val/{k}": v for k, v in metrics.items()}
+
+
+def _pick_record(g: Group) -> PickRecord:
+    n = len(g.example.passages)
+    try:
+        ids: tuple[int, ...] | None = parse_pick(g.samples[0].text, n).ids
+    except InvalidPick:
+        ids = None
+    return PickRecord(ids, n, g.example.gold)
 
 
 def train(cfg: Config, run: Run | None = None) -> Path:
@@ -339,5 +357,8 @@ def _progress(name: str, state: TrainState, m: dict[str, Any]) -> str:
         )
     line += f"loss {m['loss']:.4f} | {m['time/step']:.1f}s"
     if "val/reward" in m:
-        line += f" | val reward {m['val/reward']:+.3f} valid {m['val/format_valid']:.0%}"
+        line += (
+            f" | val reward {m['val/reward']:+.3f} valid {m['val/format_valid']:.0%} "
+            f"distinct sets {m['val/distinct_sets']:.0%}"
+        )
     return line
