@@ -49,7 +49,11 @@ def test_main_job_end_to_end(ray_cluster, tmp_path, capsys):
     assert "| method" in out and "reward curve:" in out and "plots:" in out
     assert (tmp_path / "reward_curve.png").stat().st_size > 1000
     assert (tmp_path / "eval" / "accuracy_vs_tokens_hotpotqa.png").exists()
-    assert "picker:stage1" in report.read_text() and "picker:stage2" in report.read_text()
+    text = report.read_text()
+    assert "picker:stage1" in text and "picker:stage2" in text
+    for section in ("With 95% confidence intervals", "Is each picker reading its input?"):
+        assert section in text
+    assert "Pickers against baselines (paired)" in text and "with 95% confidence" in out
     recs = [json.loads(x) for x in (tmp_path / "eval" / "examples.jsonl").read_text().splitlines()]
     methods = {r["method"] for r in recs}
     assert methods == {"none", "bm25@2", "adaptive", "oracle", "picker:stage1", "picker:stage2"}

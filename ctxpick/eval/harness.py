@@ -23,12 +23,8 @@ from ctxpick.eval import methods as M
 from ctxpick.eval.report import (
     MethodResult,
     aggregate,
-    ci_table,
-    detail_table,
-    main_table,
-    paired_table,
-    picker_diagnostics,
     plot_accuracy_vs_tokens,
+    write_report,
 )
 from ctxpick.jsonl import JsonlWriter, read_done
 from ctxpick.judge.judges import JudgeItem, make_judge
@@ -240,29 +236,12 @@ def run_eval(cfg: Config) -> Path:
         and (key := _record_id(r.item.example.id, label, prints[label])) in done
     ]
     results = aggregate(current, timings)
-    labels = all_labels(cfg, items)
-    pickers = [m for m in labels if m.startswith("picker:")]
-    diagnostics, flags = picker_diagnostics(current, pickers)
-    table = main_table(results, labels, flags)
-    baselines = [m for m in labels if not m.startswith("picker:") and m != "oracle"]
-    plots = plot_accuracy_vs_tokens(results, out)
     budget = f"token budget {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
-    (out / "report.md").write_text(
-        f"# ctxpick evaluation\n\nGenerator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}.\n"
-        "acc = judged answer accuracy (%), tok = mean context tokens sent to the generator.\n\n"
-        f"{table}\n\n## With 95% confidence intervals\n\n"
-        "Percentile bootstrap over questions (2000 resamples); `n` is how many questions a row "
-        "rests on; the average resamples each dataset on its own. Evidence metrics are against "
-        "the human gold evidence, where a dataset has it.\n\n"
-        f"{ci_table(current, labels)}\n\n"
-        f"{diagnostics}\n\n"
-        "## Pickers against baselines (paired)\n\n"
-        "Mean difference picker - baseline over the questions both answered, with the paired "
-        "bootstrap 95% interval; * marks an interval that excludes 0.\n\n"
-        f"{paired_table(current, pickers, baselines) if pickers else '(no picker evaluated)'}\n\n"
-        f"## Details\n\n{detail_table(results)}\n",
-        encoding="utf-8",
+    header = f"Generator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}."
+    table, with_ci = write_report(
+        out / "report.md", header, current, results, all_labels(cfg, items)
     )
+    plots = plot_accuracy_vs_tokens(results, out)
     (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
     tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), "eval", asdict(cfg))
     for path in cfg.eval.pickers.values():
@@ -275,7 +254,7 @@ def run_eval(cfg: Config) -> Path:
     )
     tracker.log_artifact(out / "report.md", "report")
     tracker.finish()
-    print(f"\n{table}\n")
+    print(f"\n{table}\n\nwith 95% confidence intervals:\n\n{with_ci}\n")
     print(f"report: {out / 'report.md'}\nper-example results: {records_path}")
     print("plots: " + ", ".join(str(p) for p in plots))
     print(f"done in {time.time() - t_start:.0f}s", flush=True)

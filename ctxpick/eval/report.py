@@ -386,3 +386,35 @@ def picker_diagnostics(
         f"{markdown_table(rows)}\n\n" + "\n".join(positions)
     )
     return text, flags
+
+
+def write_report(
+    path: Path,
+    header: str,
+    records: list[dict[str, Any]],
+    results: list[MethodResult],
+    labels: list[str],
+) -> tuple[str, str]:
+    """``report.md``: the main table, the same with confidence intervals, the pickers'
+    collapse diagnostics, pickers against baselines (paired), and the details. Returns the
+    main table and the interval table, for the console."""
+    pickers = [m for m in labels if m.startswith("picker:")]
+    baselines = [m for m in labels if not m.startswith("picker:") and m != "oracle"]
+    diagnostics, flags = picker_diagnostics(records, pickers)
+    table, with_ci = main_table(results, labels, flags), ci_table(records, labels)
+    paired = paired_table(records, pickers, baselines) if pickers else "(no picker evaluated)"
+    path.write_text(
+        f"# ctxpick evaluation\n\n{header}\n"
+        "acc = judged answer accuracy (%), tok = mean context tokens sent to the generator.\n\n"
+        f"{table}\n\n## With 95% confidence intervals\n\n"
+        "Percentile bootstrap over questions (2000 resamples); `n` is how many questions a row "
+        "rests on; the average resamples each dataset on its own. Evidence metrics are against "
+        "the human gold evidence, where a dataset has it.\n\n"
+        f"{with_ci}\n\n{diagnostics}\n\n"
+        "## Pickers against baselines (paired)\n\n"
+        "Mean difference picker - baseline over the questions both answered, with the paired "
+        "bootstrap 95% interval; * marks an interval that excludes 0.\n\n"
+        f"{paired}\n\n## Details\n\n{detail_table(results)}\n",
+        encoding="utf-8",
+    )
+    return table, with_ci
