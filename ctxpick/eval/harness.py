@@ -5,6 +5,7 @@ are appended to ``examples.jsonl`` and a re-run skips the pairs already there.""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -268,8 +269,6 @@ def _record_id(example_id: str, label: str, fingerprint: str) -> str:
 def fingerprint(cfg: Config, label: str) -> str:
     """What produced a method's answers: the generator and its prompt, the judge, retrieval,
     the token budget, and for a picker its folder's prompt, config and weights."""
-    import hashlib
-
     what: dict[str, Any] = {
         "model": cfg.model.name,
         "generator": asdict(cfg.generator),
@@ -293,8 +292,6 @@ def fingerprint(cfg: Config, label: str) -> str:
 
 
 def _file_digest(path: Path) -> str:
-    import hashlib
-
     with path.open("rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 

@@ -309,6 +309,12 @@ def paired_table(records: list[dict[str, Any]], pickers: list[str], baselines: l
     return markdown_table(rows)
 
 
+def _above(values: list[float], control: list[float]) -> bool:
+    """The paired 95% interval of ``values - control`` lies above 0."""
+    diff = [a - b for a, b in zip(values, control, strict=True)]
+    return bool(diff) and bootstrap_mean(diff).lo > 0
+
+
 def picker_diagnostics(
     records: list[dict[str, Any]], pickers: list[str]
 ) -> tuple[str, dict[str, str]]:
@@ -351,12 +357,7 @@ def picker_diagnostics(
         if not picks:
             continue
         d = diagnose(picks)
-
-        def beats(control: list[float], d: Any = d) -> bool:
-            diff = [a - b for a, b in zip(d.f1, control, strict=True)]
-            return bool(diff) and bootstrap_mean(diff).lo > 0
-
-        flag = d.flag(beats(d.random_f1), beats(d.constant_f1))
+        flag = d.flag(_above(d.f1, d.random_f1), _above(d.f1, d.constant_f1))
         if flag:
             flags[label] = flag
         f1s = [bootstrap_mean(x) if x else None for x in (d.f1, d.random_f1, d.constant_f1)]

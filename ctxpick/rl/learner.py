@@ -237,11 +237,12 @@ class Learner:
         if not cfg.on_policy:
             with torch.no_grad():
                 old = [
-                    self._logprobs(self.engine, _collate(mb, self.device), temperature)[0]
+                    [
+                        self._logprobs(self.engine, _collate(mb, self.device), temperature)[0]
+                        for mb in mini
+                    ]
                     for mini in plan
-                    for mb in mini
                 ]
-            offsets = [sum(len(mini) for mini in plan[:m]) for m in range(len(plan))]
 
         def loss(logp: Any, batch: dict[str, Any], m: int, i: int) -> tuple[Any, dict[str, Any]]:
             ref = None
@@ -250,7 +251,7 @@ class Learner:
                     ref, _ = self._logprobs(self.ref, batch, temperature)
             return grpo_token_loss(
                 logp,
-                logp.detach() if old is None else old[offsets[m] + i],
+                logp.detach() if old is None else old[m][i],
                 batch["adv"],
                 batch["mask"],
                 cfg,
