@@ -58,7 +58,7 @@ def _print_config(cfg: Config) -> None:
 def _demo(cfg: Config) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from ctxpick.eval.pipeline import run_demo
+    from ctxpick.pipeline import run_demo
 
     run_demo(cfg, list(HydraConfig.get().overrides.task))
 

@@ -14,6 +14,7 @@ from ctxpick.engines.http_engine import HTTPEngineConfig
 from ctxpick.engines.ray_pool import EngineConfig
 from ctxpick.judge.judges import JudgeConfig
 from ctxpick.mining.rewrites import DEFAULT_REWRITE_SYSTEM
+from ctxpick.picker.format import FORMATS
 from ctxpick.picker.spec import PickerSpec
 from ctxpick.retrieval.chunking import ChunkingConfig
 from ctxpick.retrieval.pools import PoolConfig
@@ -112,15 +113,20 @@ class RewriteConfig:
 
 @dataclass
 class MiningConfig:
-    pool: PoolConfig = field(default_factory=lambda: PoolConfig(query="question_answer"))
-    miner: str = "fast"  # fast | reference (the paper's Algorithm 1)
+    pool: PoolConfig = field(default_factory=PoolConfig)  # BM25 over the question, as inference
+    # fast | reference (the paper's Algorithm 1) | human (no model: the dataset's own evidence
+    # in the pool is the set; a warm start on every training question costs nothing to mine)
+    miner: str = "fast"
+    max_questions: int | None = None  # mine a subset: this many questions, datasets in turn
     examples_per_task: int = 1  # examples per actor call: what a dead actor's replacement redoes
     rewrites: RewriteConfig = field(default_factory=RewriteConfig)
     split_ratios: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
 
     def __post_init__(self) -> None:
-        if self.miner not in ("fast", "reference"):
-            raise ValueError(f"mining.miner must be fast or reference, not {self.miner!r}")
+        if self.miner not in ("fast", "reference", "human"):
+            raise ValueError(f"mining.miner must be fast, reference or human, not {self.miner!r}")
+        if self.max_questions is not None and self.max_questions < 1:
+            raise ValueError("mining.max_questions must be >= 1 (or null: all)")
         if self.examples_per_task < 1:
             raise ValueError("mining.examples_per_task must be >= 1")
         r = self.split_ratios
@@ -145,8 +151,13 @@ class StageConfig:
     max_steps: int = 100
     patience: int = 5  # validations without improvement before the stage stops
     init_from: str | None = None  # an HF folder (e.g. the previous stage's final/)
+    # sft: loss weight of the tokens of <ids>...</ids> (the decision) against the rationale's
+    # and the template's, which otherwise carry almost all of the loss.
+    id_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.id_weight <= 0:
+            raise ValueError("stage.id_weight must be > 0")
         if self.kind not in ("grpo", "sft"):
             raise ValueError(f"stage.kind must be grpo or sft, not {self.kind!r}")
         if self.redundancy_margin < 0:
@@ -170,12 +181,15 @@ class PickerConfig:
     max_tokens: int = 96
     temperature: float = 1.0  # rollout sampling temperature (the learner's log-probs use it too)
     constrained: bool = False  # constrain rollouts to the output format (vLLM structured outputs)
+    output: str = "rationale_ids"  # rationale_ids | ids_rationale | ids (ctxpick/picker/format.py)
 
     def __post_init__(self) -> None:
         if self.max_passages < 1 or self.max_passage_words < 1 or self.max_tokens < 8:
             raise ValueError(
                 "picker needs max_passages >= 1, max_passage_words >= 1, max_tokens >= 8"
             )
+        if self.output not in FORMATS:
+            raise ValueError(f"picker.output must be one of {list(FORMATS)}, not {self.output!r}")
         if self.temperature <= 0:
             raise ValueError(
                 f"picker.temperature must be > 0 (rollouts sample at it), not {self.temperature}"
@@ -234,6 +248,11 @@ class RewardConfig:
 @dataclass
 class RLConfig:
     mined: str = ""  # the mined dataset (mined.jsonl from `ctxpick mine`)
+    # How a training prompt orders its passages. pool: the mining pool's rank, which is the
+    # inference retriever's when mining.pool queries the question as retrieval.pool does (the
+    # picker then trains on the task it is used for). shuffle: a per-example shuffle, for
+    # pools ranked with the answer (question_answer), whose order would leak it.
+    pool_order: str = "pool"
     prompts_per_step: int = 4  # prompts per step; a step trains on prompts x group_size samples
     rollout: EngineConfig = field(default_factory=EngineConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
@@ -248,6 +267,8 @@ class RLConfig:
     samples_logged: int = 4  # rationales per step in the W&B table
 
     def __post_init__(self) -> None:
+        if self.pool_order not in ("pool", "shuffle"):
+            raise ValueError(f"rl.pool_order must be pool or shuffle, not {self.pool_order!r}")
         if min(self.prompts_per_step, self.save_every, self.val_every, self.keep_checkpoints) < 1:
             raise ValueError(
                 "rl needs prompts_per_step, save_every, keep_checkpoints, val_every >= 1"
@@ -269,7 +290,24 @@ class DemoConfig:
     # Run in this order; empty: stage1 then stage2 (add a warmup stage first for small models).
     stages: dict[str, list[str]] = field(default_factory=dict)
     eval: list[str] = field(default_factory=list)
+    # Overrides of a second mining phase whose records the sft stages (the warm start) train
+    # on, e.g. [mining.miner=human, mining.max_questions=null]; empty: the mined data.
+    warmup_data: list[str] = field(default_factory=list)
     eval_sources: list[DataSource] = field(default_factory=list)  # empty: data.sources
+    # Ablations (conf/ablation/): train on the data of the run in `from_run` (no mining), skip
+    # some stages and take others' final/ from that run instead of training them.
+    from_run: str | None = None
+    skip: list[str] = field(default_factory=list)
+    reuse: list[str] = field(default_factory=list)
+    stage_overrides: list[str] = field(default_factory=list)  # added to every stage trained
+    evaluate: bool = True  # false: train only (pickers.json lists what to evaluate)
+
+    def __post_init__(self) -> None:
+        if self.reuse and not self.from_run:
+            raise ValueError("demo.reuse takes stages from another run: set demo.from_run")
+        for name in (*self.skip, *self.reuse):
+            if self.stages and name not in self.stages:
+                raise ValueError(f"demo.skip/reuse: no stage {name!r} in demo.stages")
 
 
 @dataclass
@@ -321,6 +359,13 @@ def _cross_checks(cfg: Config) -> None:
             f"invalid config: rl.learner.grpo.mini_batches = {rl.learner.grpo.mini_batches} "
             f"exceeds rl.prompts_per_step = {rl.prompts_per_step} prompt groups"
         )
+    if rl.pool_order == "pool" and cfg.mining.pool.query != cfg.retrieval.pool.query:
+        raise ConfigError(
+            f"invalid config: rl.pool_order=pool trains on the mining pool's order, ranked by "
+            f"mining.pool.query={cfg.mining.pool.query!r}, but inference ranks by "
+            f"retrieval.pool.query={cfg.retrieval.pool.query!r}: set mining.pool.query="
+            f"{cfg.retrieval.pool.query} or rl.pool_order=shuffle"
+        )
     try:
         reward_spec(cfg)
     except ValueError as err:
@@ -330,13 +375,17 @@ def _cross_checks(cfg: Config) -> None:
 def picker_spec(cfg: Config) -> PickerSpec:
     """The prompt and passage cut the configured picker trains with (saved beside its weights)."""
     p = cfg.picker
-    return PickerSpec(p.instruction, p.max_passages, p.max_passage_words, p.max_tokens)
+    return PickerSpec(
+        p.instruction, p.max_passages, p.max_passage_words, p.max_tokens, FORMATS[p.output]
+    )
 
 
 def reward_spec(cfg: Config) -> RewardSpec:
     """The reward the configured stage trains on."""
     s, r = cfg.stage, cfg.rewards
-    return RewardSpec(s.redundancy_margin, s.gamma, r.eq8, r.format_penalty)
+    return RewardSpec(
+        s.redundancy_margin, s.gamma, r.eq8, r.format_penalty, FORMATS[cfg.picker.output]
+    )
 
 
 def validate(cfg: DictConfig | dict[str, Any]) -> Config:

@@ -11,7 +11,9 @@ from ctxpick.judge.rules import abstains, contains_answer, exact_match, rule_jud
 def test_demo_config_composes():
     cfg = compose(["experiment=demo"])
     assert cfg.model.name == "qwen2.5-coder-0.5b"  # chosen from benchmarks/RESULTS.md
-    assert cfg.mining.pool.query == "question_answer" and cfg.retrieval.pool.query == "question"
+    # The picker trains on the pool inference shows it, in its order (rl.pool_order=pool).
+    assert cfg.mining.pool.query == cfg.retrieval.pool.query == "question"
+    assert cfg.rl.pool_order == "pool"
     assert all(s.resolved_path().is_file() for s in cfg.data.sources)
     assert compose(["stage=stage2"]).stage.redundancy_margin < compose([]).stage.redundancy_margin
 
@@ -26,11 +28,37 @@ def test_demo_config_composes():
         ("retrieval.chunking.method=paragraph", "chunking.method"),
         ("data.sources.0.format=csv", "unknown format 'csv'"),
         ("wandb.mode=cloud", "wandb.mode"),
+        ("picker.output=json", "picker.output must be one of"),
+        ("stage.id_weight=0", "stage.id_weight must be > 0"),
+        ("rl.pool_order=ranked", "rl.pool_order must be pool or shuffle"),
+        # ranked with the answer, the pool's order would leak it into training
+        ("mining.pool.query=question_answer", "rl.pool_order=pool trains on the mining pool"),
+        ("demo.reuse=[warmup]", "demo.reuse takes stages from another run"),
     ],
 )
 def test_bad_config_fails_at_start(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         compose([override])
+
+
+@pytest.mark.parametrize("ablation", ["no_stage1", "no_rationale", "no_redundancy", "warmup_only"])
+def test_ablations_compose_on_the_quality_recipe(ablation):
+    """Each of the paper's ablations changes one thing of the recipe, on the recipe's data."""
+    recipe = compose(["experiment=cpu_quality"])
+    cfg = compose(["experiment=cpu_quality", f"ablation={ablation}", "demo.from_run=runs/q"])
+    assert not cfg.demo.evaluate and cfg.demo.stages == recipe.demo.stages
+    assert cfg.data == recipe.data and cfg.mining == recipe.mining
+    changed = {
+        "no_stage1": (["stage1"], ["warmup"], [], "rationale_ids"),
+        "no_rationale": ([], [], [], "ids"),
+        "no_redundancy": ([], ["warmup"], ["stage.gamma=0"], "rationale_ids"),
+        "warmup_only": (["stage1", "stage2"], ["warmup"], [], "rationale_ids"),
+    }[ablation]
+    got = (cfg.demo.skip, cfg.demo.reuse, cfg.demo.stage_overrides, cfg.picker.output)
+    assert got == changed
+    if ablation == "no_rationale":
+        assert "<ids>[passage numbers]</ids>" in cfg.picker.instruction
+        assert "<rationale>" not in cfg.picker.instruction
 
 
 def test_cli_reports_bad_config_and_data_stats():

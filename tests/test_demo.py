@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ctxpick.config import compose
-from ctxpick.eval.pipeline import run_demo
+from ctxpick.pipeline import run_demo
 
 pytestmark = pytest.mark.slow
 

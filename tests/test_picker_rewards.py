@@ -7,7 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxpick.picker.format import InvalidPick, Pick, output_regex, parse_pick, render_pick
+from ctxpick.picker.format import (
+    FORMATS,
+    InvalidPick,
+    Pick,
+    output_regex,
+    parse_pick,
+    render_pick,
+)
 from ctxpick.rewards.reward import RewardSpec, score_output, set_reward
 from ctxpick.rl.grpo import GRPOConfig, group_advantages, grpo_token_loss
 
@@ -44,6 +51,25 @@ def test_parser_accepts_the_documented_format():
 def test_parser_names_what_is_wrong(text, reason):
     with pytest.raises(InvalidPick, match=reason.replace("[", r"\[").replace("(", r"\(")):
         parse_pick(text, 5)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_every_output_format_round_trips_and_constrains(name):
+    """What the warm start renders, the parser reads back and constrained decoding allows; a
+    pick in another format is refused by name."""
+    import re
+
+    fmt = FORMATS[name]
+    pick = Pick("" if name == "ids" else "needs A", (3, 1))
+    text = render_pick(pick, fmt)
+    assert parse_pick(f" {text}\n", 5, fmt) == pick
+    assert re.fullmatch(output_regex(5, fmt), text)
+    for other in set(FORMATS.values()) - {fmt}:
+        with pytest.raises(InvalidPick):
+            parse_pick(render_pick(Pick("r", (1,)), other), 5, fmt)
+    assert score_output(text, 5, (1, 3), RewardSpec(1, 0.5, output_format=fmt)).coverage == 1.0
+    paper = score_output(text, 5, (1,), RewardSpec(1, 0.5))  # the reward reads its spec's format
+    assert paper.format_ok == (fmt == FORMATS["rationale_ids"])
 
 
 def test_constrained_regex_matches_valid_outputs_only():

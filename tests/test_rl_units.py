@@ -29,7 +29,7 @@ def _record(n=6, gold=("p4", "p1"), split="train", rewrites=("reworded?",)):
 
 
 def test_picker_examples_keep_gold_cut_and_shuffle():
-    exs = examples_from_record({**_record(), "human_gold": ["p5"]}, 4, 0)
+    exs = examples_from_record({**_record(), "human_gold": ["p5"]}, 4, 0, "shuffle")
     assert [e.id for e in exs] == ["q", "q#rw1"] and exs[1].question == "reworded?"
     for e in exs:
         assert len(e.passages) == 4
@@ -37,7 +37,8 @@ def test_picker_examples_keep_gold_cut_and_shuffle():
         assert {e.passages[i - 1].pid for i in e.human_gold} == {"p5"}  # then human evidence
         assert all(len(p.text.split()) == 50 for p in e.passages)  # cut only for the prompt
     orders = {
-        tuple(p.pid for p in examples_from_record(_record(), 4, s)[0].passages) for s in range(6)
+        tuple(p.pid for p in examples_from_record(_record(), 4, s, "shuffle")[0].passages)
+        for s in range(6)
     }
     assert len(orders) > 1  # the order depends on the seed: no positional shortcut
     assert examples_from_record({**_record(), "kept": False}, 4, 0) == []
@@ -46,6 +47,17 @@ def test_picker_examples_keep_gold_cut_and_shuffle():
     pick = warm_start_pick(exs[0])
     assert pick.ids == tuple(sorted(exs[0].gold + exs[0].human_gold))
     assert all(f"T{i}" in pick.rationale for i in (1, 4, 5))
+
+
+def test_picker_examples_in_pool_order_are_what_inference_shows():
+    """rl.pool_order=pool: the first max_passages of the pool, in its rank, for the question
+    and every rewrite alike: the prompt inference builds from the same retriever's pool."""
+    exs = examples_from_record(_record(), 5, 0)
+    for e in exs:
+        assert [p.pid for p in e.passages] == ["p0", "p1", "p2", "p3", "p4"]
+        assert e.gold == (2, 5)
+    # a mined set not all shown cannot be picked: no example, rather than a wrong target
+    assert examples_from_record(_record(), 4, 0) == []
 
 
 def test_prompt_stream_is_seeded_and_resumable_across_epochs():
@@ -129,7 +141,7 @@ def test_trained_picker_folder_carries_its_prompt(tmp_path):
     from ctxpick.picker.spec import PickerSpec
 
     cfg = compose(["picker.max_passages=4", "picker.max_passage_words=7"])
-    ex = examples_from_record(_record(), 4, 0)[0]
+    ex = examples_from_record(_record(gold=("p1", "p3")), 4, 0)[0]
     training_chat = picker_spec(cfg).chat(ex.question, ex.passages)
     picker_spec(cfg).save(tmp_path)
     # A later config with another prompt does not change what the trained picker is asked.
@@ -200,3 +212,53 @@ def test_constrained_rollouts_allow_only_each_prompts_own_ids():
         regex = re.compile(engines.sent[spec.chat(ex.question, ex.passages)[1]["content"]])
         assert regex.fullmatch(f"<rationale>r</rationale><ids>[{n}]</ids>")
         assert not regex.fullmatch(f"<rationale>r</rationale><ids>[{n + 1}]</ids>")
+
+
+def test_warm_start_weights_exactly_the_id_tokens():
+    """stage.id_weight lands on the tokens of <ids>...</ids>, in either order of the tags, and
+    the tokens are the ones the model writes (one encode, not pieces glued together)."""
+    from transformers import AutoTokenizer
+
+    from ctxpick.engines.models import resolve
+    from ctxpick.picker.format import FORMATS, Pick, render_pick
+    from ctxpick.rl.trainer import weighted_target
+
+    tok = AutoTokenizer.from_pretrained(resolve("smollm2-135m"))
+    for fmt in FORMATS.values():
+        text = render_pick(Pick("The answer needs [1] Foo.", (1, 3)), fmt)
+        ids, weights = weighted_target(tok, text, 5.0)
+        assert ids == tok.encode(text, add_special_tokens=False)
+        heavy = tok.decode([i for i, w in zip(ids, weights, strict=True) if w == 5.0])
+        assert "<ids>[1, 3]</ids>" in heavy and "answer" not in heavy
+        assert set(weights) <= {1.0, 5.0}
+
+
+def test_human_evidence_records_resume_and_keep_each_questions_split(tmp_path):
+    """mining.miner=human: one record per question, appended once (a re-run adds nothing),
+    split by the same hash as mined records; mining.max_questions takes the datasets in turn."""
+    from conftest import SAMPLES
+
+    from ctxpick.config import compose
+    from ctxpick.data.loaders import load_examples
+    from ctxpick.mining.rewrites import assign_split
+    from ctxpick.mining.run import in_turn, write_human_gold
+    from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
+    from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
+
+    examples = [
+        *load_examples(SAMPLES / "hotpotqa_distractor_30.jsonl", "hotpotqa").examples[:4],
+        *load_examples(SAMPLES / "musique_30.jsonl", "musique").examples[:2],
+    ]
+    chunked = Chunker(ChunkingConfig(method="window", window_words=40)).chunk_all(examples)
+    pools = [PoolBuilder(PoolConfig(k=6)).build(c) for c in chunked]
+    assert [p.dataset for p in in_turn(pools, 5)] == ["hotpotqa", "musique"] * 2 + ["hotpotqa"]
+    cfg = compose(["mining.miner=human"])
+    path = tmp_path / "mined.jsonl"
+    first = write_human_gold(pools[:3], path, cfg)
+    again = write_human_gold(pools, path, cfg)
+    lines = path.read_text().splitlines()
+    assert len(first) == 3 and len(again) == len(lines) == 6
+    for line in lines:
+        rec = json.loads(line)
+        assert rec["split"] == assign_split(rec["id"], cfg.seed, tuple(cfg.mining.split_ratios))
+        assert rec["kept"] == bool(rec["gold_minimal"])

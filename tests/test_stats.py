@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ctxpick.eval.report import ci_table, paired_table
+from ctxpick.eval.report import ablation_table, ci_table, paired_table
 from ctxpick.eval.stats import bootstrap_mean, stratified_mean
 
 
@@ -95,3 +95,23 @@ def test_stratified_average_weights_datasets_equally():
     assert e.mean == 0.5 and e.lo == 0.5 and e.hi == 0.5 and e.n == 104
     spread = stratified_mean([[1.0, 0.0] * 20, [1.0, 0.0] * 20], seed=2)
     assert spread.lo < 0.5 < spread.hi
+
+
+def test_ablation_table_rows_are_variants_with_intervals():
+    recs = [
+        _rec("picker:full", f"q{i}", i < 6, 50, dataset=d) for d in ("a", "b") for i in range(10)
+    ]
+    recs += [_rec("picker:abl", f"q{i}", i < 2, 80, dataset="a") for i in range(10)]
+    table = ablation_table(recs, {"picker:full": "full", "picker:abl": "w/o X", "picker:x": "none"})
+    lines = table.splitlines()
+    assert len(lines) == 4  # header, rule, two variants; a variant without rows is left out
+    assert [c.strip() for c in lines[0].split("|")[1:-1]][:4] == [
+        "variant",
+        "n",
+        "a acc %",
+        "b acc %",
+    ]
+    full = [c.strip() for c in lines[2].split("|")[1:-1]]
+    assert full[:2] == ["full", "20"] and full[2].startswith("60.0 [") and full[-1] == "50 [50, 50]"
+    abl = [c.strip() for c in lines[3].split("|")[1:-1]]
+    assert abl[:4] == ["w/o X", "10", abl[2], "n/a"] and abl[2].startswith("20.0 [")

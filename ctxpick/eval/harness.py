@@ -262,6 +262,25 @@ def run_eval(cfg: Config) -> Path:
     return out / "report.md"
 
 
+def current_records(cfg: Config) -> list[dict[str, Any]]:
+    """The rows of ``output_dir/examples.jsonl`` that the configured methods and pickers, with
+    these settings, produced (what the report of ``run_eval(cfg)`` rests on)."""
+    labels = {m for m in cfg.eval.methods if m != "picker"} | {
+        f"picker:{name}" for name in cfg.eval.pickers
+    }
+    prints: dict[str, str] = {}
+    out = []
+    for rec in read_done(Path(cfg.output_dir) / "examples.jsonl").values():
+        label = rec["method"]
+        if label.partition("@")[0] not in labels and label not in labels:
+            continue
+        if label not in prints:
+            prints[label] = fingerprint(cfg, label)
+        if rec.get("fingerprint") == prints[label]:
+            out.append(rec)
+    return out
+
+
 def _record_id(example_id: str, label: str, fingerprint: str) -> str:
     return f"{example_id}|{label}|{fingerprint}"
 

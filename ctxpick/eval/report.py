@@ -274,6 +274,30 @@ def ci_table(records: list[dict[str, Any]], methods: list[str]) -> str:
     return markdown_table(rows)
 
 
+def ablation_table(records: list[dict[str, Any]], variants: dict[str, str]) -> str:
+    """The paper's ablation layout: one row per variant (``variants``: method label -> row
+    name), judged accuracy per dataset and on the average, then the average evidence F1 and
+    context tokens; every cell with its 95% bootstrap interval."""
+    by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by[(r["dataset"], r["method"])].append(r)
+    datasets = sorted({d for d, _ in by})
+    rows = [["variant", "n", *(f"{d} acc %" for d in datasets), "avg acc %", "avg ev. F1 %", "tok"]]
+    for label, name in variants.items():
+        groups = [by[(d, label)] for d in datasets]
+        if not any(groups):
+            continue
+        acc = [_estimate([_values(g, "accuracy")]) for g in groups]
+        avg = [_estimate([_values(g, m) for g in groups]) for m in ("accuracy", "evidence_f1")]
+        tokens = _estimate([_values(g, "context_tokens") for g in groups])
+        rows.append(
+            [name, str(sum(map(len, groups)))]
+            + [_interval_cell(e) for e in [*acc, *avg]]
+            + [_interval_cell(tokens, scale=1, digits=0)]
+        )
+    return markdown_table(rows)
+
+
 def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str) -> list[float]:
     """Per-question differences (first - second) where both have the metric."""
     f = METRICS[metric]

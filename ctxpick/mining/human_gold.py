@@ -25,8 +25,10 @@ def human_gold_records(pools: Sequence[Pool], splits: Sequence[str]) -> list[dic
                 "kept": bool(in_pool),
                 "gold_minimal": in_pool,
                 "human_gold": in_pool,
+                "human_gold_total": len(pool.gold_pids or []),
                 "rewrites": [],
                 "split": split,
+                "stats": {"miner": "human", "calls": 0, "seconds": 0.0},
             }
         )
     return records

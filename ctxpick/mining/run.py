@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
 from ctxpick.config import Config
 from ctxpick.data.loaders import load_sources
+from ctxpick.data.schema import Pool
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import init_ray
+from ctxpick.jsonl import JsonlWriter, read_done
+from ctxpick.mining.human_gold import human_gold_records
 from ctxpick.mining.job import WorkerSpec, mine_pools
 from ctxpick.mining.report import render, summarize
+from ctxpick.mining.rewrites import assign_split
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
 from ctxpick.tracking import Tracker
@@ -44,6 +49,36 @@ def worker_spec(cfg: Config) -> WorkerSpec:
     )
 
 
+def in_turn(pools: list[Pool], n: int | None) -> list[Pool]:
+    """The first ``n`` pools taking the datasets in turn (each in source order), so a subset
+    keeps every dataset; ``None``: all of them."""
+    if n is None:
+        return pools
+    by: dict[str, list[Pool]] = {}
+    for p in pools:
+        by.setdefault(p.dataset, []).append(p)
+    rounds = zip_longest(*by.values())
+    return [p for row in rounds for p in row if p is not None][:n]
+
+
+def write_human_gold(pools: list[Pool], path: Path, cfg: Config) -> dict[str, dict[str, Any]]:
+    """Append a human-evidence record (ctxpick/mining/human_gold.py) for every pool not yet in
+    ``path``; splits by the same seeded hash as mined records, so a question keeps its split."""
+    done = read_done(path)
+    todo = [p for p in pools if p.example_id not in done]
+    ratios = tuple(cfg.mining.split_ratios)
+    splits = [assign_split(p.example_id, cfg.seed, ratios) for p in todo]  # type: ignore[arg-type]
+    writer = JsonlWriter(path)
+    try:
+        for rec in human_gold_records(todo, splits):
+            writer.write(rec)
+            done[rec["id"]] = rec
+    finally:
+        writer.close()
+    print(f"  {len(pools) - len(todo)} already written, {len(todo)} added", flush=True)
+    return done
+
+
 def run_mining(cfg: Config) -> dict[str, dict[str, Any]]:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -51,22 +86,26 @@ def run_mining(cfg: Config) -> dict[str, dict[str, Any]]:
     examples = load_sources(cfg.data.sources, cfg.data.strict, out / "rejects.jsonl")
     chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
     builder = PoolBuilder(cfg.mining.pool)
-    pools = [builder.build(c) for c in chunked]
+    pools = in_turn([builder.build(c) for c in chunked], cfg.mining.max_questions)
 
-    print(f"[2/3] mining with the {cfg.mining.miner} miner on {cfg.model.name}", flush=True)
-    init_ray(cfg.ray.address, cfg.ray.num_cpus)
     tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), "mine", asdict(cfg))
-    eng = cfg.model.engine
-    records = mine_pools(
-        pools,
-        worker_spec(cfg),
-        out,
-        num_actors=eng.num_actors,
-        num_cpus=eng.num_cpus_per_actor,
-        num_gpus=eng.num_gpus_per_actor,
-        examples_per_task=cfg.mining.examples_per_task,
-        on_progress=tracker.log,
-    )
+    if cfg.mining.miner == "human":
+        print(f"[2/3] the datasets' own evidence as the sets of {len(pools)} questions", flush=True)
+        records = write_human_gold(pools, out / "mined.jsonl", cfg)
+    else:
+        print(f"[2/3] mining with the {cfg.mining.miner} miner on {cfg.model.name}", flush=True)
+        init_ray(cfg.ray.address, cfg.ray.num_cpus)
+        eng = cfg.model.engine
+        records = mine_pools(
+            pools,
+            worker_spec(cfg),
+            out,
+            num_actors=eng.num_actors,
+            num_cpus=eng.num_cpus_per_actor,
+            num_gpus=eng.num_gpus_per_actor,
+            examples_per_task=cfg.mining.examples_per_task,
+            on_progress=tracker.log,
+        )
 
     print("[3/3] summary and agreement with human gold evidence", flush=True)
     wanted = {p.example_id for p in pools}

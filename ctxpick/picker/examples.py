@@ -1,9 +1,14 @@
 """Training/validation prompts for the picker, built from the mined dataset.
 
-Each kept question and each of its rewrites becomes one :class:`PickerExample`: the mining pool,
-cut to ``max_passages`` (every mined passage kept, then the best-ranked others) and shuffled
-with a per-example seed. Shuffling matters: the mining pool is ranked by BM25 over question +
-answer, so in ranked order "pick the top ones" would be a shortcut the inference pool lacks.
+Each kept question and each of its rewrites becomes one :class:`PickerExample`, its passages
+ordered as ``rl.pool_order`` says:
+
+* ``pool``: the mining pool's first ``max_passages``, in its rank. When mining queries the
+  question as the inference retriever does, this is what the picker will be shown at inference,
+  in the same order, so it trains on the task it is used for and may use the retriever's rank.
+  A question whose mined set is not all among them is dropped: its target cannot be picked.
+* ``shuffle``: every mined passage kept, then the best-ranked others, shuffled per example. For
+  pools ranked with the answer (question_answer), whose order would leak it.
 """
 
 from __future__ import annotations
@@ -82,10 +87,13 @@ def check_record(rec: object) -> None:
         raise ValueError("field 'rewrites' is not a list")
 
 
-def examples_from_record(rec: dict[str, Any], max_passages: int, seed: int) -> list[PickerExample]:
-    """The picker examples of one mined record (none if mining discarded it). Passages keep
-    their full text: :class:`~ctxpick.picker.spec.PickerSpec` cuts them for the prompt, the
-    same way at inference."""
+def examples_from_record(
+    rec: dict[str, Any], max_passages: int, seed: int, order: str = "pool"
+) -> list[PickerExample]:
+    """The picker examples of one mined record (none if mining discarded it, or, in ``pool``
+    order, if its mined set is not all shown). Passages keep their full text:
+    :class:`~ctxpick.picker.spec.PickerSpec` cuts them for the prompt, the same way at
+    inference."""
     if not rec.get("kept"):
         return []
     gold_pids = list(rec["gold_minimal"])
@@ -95,16 +103,24 @@ def examples_from_record(rec: dict[str, Any], max_passages: int, seed: int) -> l
             f"picker.max_passages={max_passages}"
         )
     human = set(rec.get("human_gold") or ())
-    # Mined passages first, then the human evidence, then the best-ranked others.
-    rank = {p["pid"]: (p["pid"] not in gold_pids, p["pid"] not in human) for p in rec["pool"]}
-    chosen = sorted(rec["pool"], key=lambda p: rank[p["pid"]])[:max_passages]
+    if order == "pool":
+        chosen = rec["pool"][:max_passages]
+        if not set(gold_pids) <= {p["pid"] for p in chosen}:
+            return []
+    else:
+        # Mined passages first, then the human evidence, then the best-ranked others.
+        rank = {p["pid"]: (p["pid"] not in gold_pids, p["pid"] not in human) for p in rec["pool"]}
+        chosen = sorted(rec["pool"], key=lambda p: rank[p["pid"]])[:max_passages]
     out = []
     for k, question in enumerate([rec["question"], *rec.get("rewrites", [])]):
-        order = list(chosen)
-        random.Random(f"{seed}:{rec['id']}:{k}").shuffle(order)
-        passages = tuple(Passage(p["pid"], 0, 0, 0, p["text"], p.get("title", "")) for p in order)
-        gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in gold_pids))
-        human_gold = tuple(sorted(i + 1 for i, p in enumerate(order) if p["pid"] in human))
+        passages_in = list(chosen)
+        if order == "shuffle":
+            random.Random(f"{seed}:{rec['id']}:{k}").shuffle(passages_in)
+        passages = tuple(
+            Passage(p["pid"], 0, 0, 0, p["text"], p.get("title", "")) for p in passages_in
+        )
+        gold = tuple(sorted(i + 1 for i, p in enumerate(passages_in) if p["pid"] in gold_pids))
+        human_gold = tuple(sorted(i + 1 for i, p in enumerate(passages_in) if p["pid"] in human))
         out.append(
             PickerExample(
                 id=rec["id"] if k == 0 else f"{rec['id']}#rw{k}",
@@ -122,7 +138,7 @@ def examples_from_record(rec: dict[str, Any], max_passages: int, seed: int) -> l
 
 
 def load_picker_examples(
-    mined_path: Path, max_passages: int, seed: int
+    mined_path: Path, max_passages: int, seed: int, order: str = "pool"
 ) -> dict[str, list[PickerExample]]:
     """``{split: examples}`` from a ``mined.jsonl``, validation and test without rewrites: they
     measure the picker on the original questions. A malformed record stops the load with its
@@ -133,7 +149,7 @@ def load_picker_examples(
             try:
                 rec = json.loads(line)
                 check_record(rec)
-                exs = examples_from_record(rec, max_passages, seed)
+                exs = examples_from_record(rec, max_passages, seed, order)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{mined_path}: line {n}: not JSON ({err})") from None
             except ValueError as err:

@@ -1,14 +1,18 @@
-"""The picker's one input/output format.
+"""The picker's output formats.
 
 Input: an instruction (system), then the question and the candidate passages numbered
-``[1]..[N]``. Output, strictly::
+``[1]..[N]``. Output, strictly, in one of three formats (``picker.output``):
 
-    <rationale>why these passages are needed</rationale><ids>[2, 5]</ids>
+* ``rationale_ids`` (the paper's): ``<rationale>why</rationale><ids>[2, 5]</ids>``
+* ``ids_rationale``: ``<ids>[2, 5]</ids><rationale>why</rationale>``: the decision comes first,
+  so it is not conditioned on a rationale a small model writes badly, and its tokens are not
+  a small tail of the sequence the loss averages over.
+* ``ids``: ``<ids>[2, 5]</ids>``: no rationale (the paper's ablation).
 
-Whitespace is allowed between and around the two tags and nothing else. ``ids`` is a JSON list
-of distinct integers in 1..N; an empty list is a valid (empty) selection. Anything else is
-invalid and :func:`parse_pick` says exactly why, because the reward gives invalid outputs the
-format penalty and the reason is logged.
+Whitespace is allowed between and around the tags and nothing else. ``ids`` is a JSON list of
+distinct integers in 1..N; an empty list is a valid (empty) selection. Anything else is invalid
+and :func:`parse_pick` says exactly why, because the reward gives invalid outputs the format
+penalty and the reason is logged.
 """
 
 from __future__ import annotations
@@ -22,16 +26,23 @@ from ctxpick.data.schema import Passage
 from ctxpick.engines.base import Chat
 from ctxpick.engines.prompts import format_passages
 
-OUTPUT_FORMAT = "<rationale>...</rationale><ids>[...]</ids>"
-
-_PICK_RE = re.compile(
-    r"\s*<rationale>(?P<rationale>.*?)</rationale>\s*<ids>(?P<ids>.*?)</ids>\s*", re.DOTALL
-)
+_ORDER = {
+    "rationale_ids": ("rationale", "ids"),
+    "ids_rationale": ("ids", "rationale"),
+    "ids": ("ids",),
+}
+_TEMPLATE = {"rationale": "<rationale>...</rationale>", "ids": "<ids>[...]</ids>"}
+FORMATS = {name: "".join(_TEMPLATE[t] for t in order) for name, order in _ORDER.items()}
+OUTPUT_FORMAT = FORMATS["rationale_ids"]
+_TAG = {
+    "rationale": r"<rationale>(?P<rationale>.*?)</rationale>",
+    "ids": r"<ids>(?P<ids>.*?)</ids>",
+}
 
 
 @dataclass(frozen=True)
 class Pick:
-    rationale: str
+    rationale: str  # empty in the ids-only format
     ids: tuple[int, ...]  # 1-based positions in the pool shown to the picker, in output order
 
 
@@ -39,18 +50,24 @@ class InvalidPick(ValueError):
     """``str(err)`` is the precise reason an output is not a valid pick."""
 
 
-def parse_pick(text: str, num_passages: int) -> Pick:
-    if "<rationale>" not in text or "</rationale>" not in text:
-        raise InvalidPick("missing <rationale>...</rationale>")
-    if "<ids>" not in text or "</ids>" not in text:
-        raise InvalidPick("missing <ids>[...]</ids>")
-    m = _PICK_RE.fullmatch(text)
+def _parts(fmt: str) -> tuple[str, ...]:
+    """The tags of ``fmt`` (one of :data:`FORMATS`' values) in output order."""
+    for name, order in _ORDER.items():
+        if FORMATS[name] == fmt:
+            return order
+    raise ValueError(f"unknown picker output format {fmt!r} (known: {list(FORMATS.values())})")
+
+
+def parse_pick(text: str, num_passages: int, fmt: str = OUTPUT_FORMAT) -> Pick:
+    parts = _parts(fmt)
+    for tag in parts:
+        if f"<{tag}>" not in text or f"</{tag}>" not in text:
+            raise InvalidPick(f"missing <{tag}>...</{tag}>")
+    m = re.fullmatch(r"\s*" + r"\s*".join(_TAG[t] for t in parts) + r"\s*", text, re.DOTALL)
     if m is None:
-        raise InvalidPick(
-            "text outside <rationale>...</rationale><ids>[...]</ids>, or tags out of order"
-        )
-    rationale = m["rationale"].strip()
-    if not rationale:
+        raise InvalidPick(f"text outside {fmt}, or tags out of order")
+    rationale = m["rationale"].strip() if "rationale" in parts else ""
+    if "rationale" in parts and not rationale:
         raise InvalidPick("empty rationale")
     try:
         raw = json.loads(m["ids"])
@@ -70,8 +87,12 @@ def parse_pick(text: str, num_passages: int) -> Pick:
     return Pick(rationale, tuple(seen))
 
 
-def render_pick(pick: Pick) -> str:
-    return f"<rationale>{pick.rationale}</rationale><ids>{json.dumps(list(pick.ids))}</ids>"
+def render_pick(pick: Pick, fmt: str = OUTPUT_FORMAT) -> str:
+    text = {
+        "rationale": f"<rationale>{pick.rationale}</rationale>",
+        "ids": f"<ids>{json.dumps(list(pick.ids))}</ids>",
+    }
+    return "".join(text[t] for t in _parts(fmt))
 
 
 def picker_chat(instruction: str, question: str, passages: Sequence[Passage]) -> Chat:
@@ -84,9 +105,14 @@ def picker_chat(instruction: str, question: str, passages: Sequence[Passage]) ->
     ]
 
 
-def output_regex(num_passages: int, max_rationale_chars: int = 400) -> str:
+def output_regex(
+    num_passages: int, fmt: str = OUTPUT_FORMAT, max_rationale_chars: int = 400
+) -> str:
     """The output format as a regex for vLLM's structured outputs: constrained decoding can
     then only produce parseable picks (ids may still repeat; the parser catches that)."""
     digit = "|".join(str(i) for i in range(num_passages, 0, -1))
-    ids = rf"\[(({digit})(, ({digit}))*)?\]"
-    return rf"<rationale>[^<]{{1,{max_rationale_chars}}}</rationale><ids>{ids}</ids>"
+    text = {
+        "rationale": rf"<rationale>[^<]{{1,{max_rationale_chars}}}</rationale>",
+        "ids": rf"<ids>\[(({digit})(, ({digit}))*)?\]</ids>",
+    }
+    return "".join(text[t] for t in _parts(fmt))

@@ -53,7 +53,7 @@ class Picker:
         for out, pool in zip(outs, pools, strict=True):
             ps, text = list(pool[: self.spec.max_passages]), out[0].text
             try:
-                pick = parse_pick(text, len(ps))
+                pick = parse_pick(text, len(ps), self.spec.output_format)
             except InvalidPick as err:
                 results.append(PickResult(ps, text, "", False, str(err)))
                 continue

@@ -17,7 +17,7 @@ from pathlib import Path
 from ctxpick.data.schema import Passage
 from ctxpick.engines.base import Chat
 from ctxpick.picker.examples import shown
-from ctxpick.picker.format import OUTPUT_FORMAT, picker_chat
+from ctxpick.picker.format import FORMATS, OUTPUT_FORMAT, picker_chat
 
 SPEC_FILE = "picker.json"
 
@@ -35,10 +35,10 @@ class PickerSpec:
             raise ValueError("picker spec: empty instruction")
         if min(self.max_passages, self.max_passage_words, self.max_tokens) < 1:
             raise ValueError("picker spec: max_passages, max_passage_words, max_tokens >= 1")
-        if self.output_format != OUTPUT_FORMAT:
+        if self.output_format not in FORMATS.values():
             raise ValueError(
-                f"picker spec: output format {self.output_format!r} is not the one this "
-                f"version parses ({OUTPUT_FORMAT!r})"
+                f"picker spec: output format {self.output_format!r} is not one this version "
+                f"parses ({list(FORMATS.values())})"
             )
 
     def chat(self, question: str, passages: Sequence[Passage]) -> Chat:

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ctxpick.picker.format import InvalidPick, parse_pick
+from ctxpick.picker.format import OUTPUT_FORMAT, InvalidPick, parse_pick
 
 EQ8_READINGS = ("described", "printed")
 
@@ -48,6 +48,7 @@ class RewardSpec:
     gamma: float
     eq8: str = "described"
     format_penalty: float = -1.0
+    output_format: str = OUTPUT_FORMAT  # the picker's (ctxpick/picker/format.py)
 
     def __post_init__(self) -> None:
         if self.eq8 not in EQ8_READINGS:
@@ -98,7 +99,7 @@ def score_output(
     text: str, num_passages: int, gold: Sequence[int], spec: RewardSpec
 ) -> RewardTerms:
     try:
-        pick = parse_pick(text, num_passages)
+        pick = parse_pick(text, num_passages, spec.output_format)
     except InvalidPick as err:
         return RewardTerms(spec.format_penalty, 0.0, 0.0, False, 0, False, str(err))
     return set_reward(pick.ids, gold, spec)

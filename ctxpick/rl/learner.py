@@ -84,6 +84,7 @@ class TrainSequence:
     advantage: float = 0.0
     sampler_logps: list[float] | None = None  # the rollout engine's logprob of each response token
     group: int = -1  # sequences sharing a prompt share a group id; -1: a group of its own
+    weights: list[float] | None = None  # sft: loss weight of each response token (None: 1)
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ class Learner:
         """Token-mean next-token NLL on the responses (temperature 1): the optional warm start."""
 
         def nll(logp: Any, batch: dict[str, Any], m: int, i: int) -> tuple[Any, dict[str, Any]]:
-            return -(logp * batch["mask"]).sum(), {}
+            return -(logp * batch["mask"] * batch["weight"]).sum(), {}
 
         return self._updates(plan, tokens, 1.0, 1, nll)
 
@@ -382,6 +383,7 @@ def _collate(mb: MicroBatch, device: Any) -> dict[str, Any]:
     ids = torch.zeros(len(group), width, dtype=torch.long)
     mask = torch.zeros(len(group), width)
     sampler = torch.zeros(len(group), width)
+    weight = torch.ones(len(group), width)
     for i, s in enumerate(group):
         if not 0 < s.prompt_len < len(s.ids):
             raise ValueError(f"sequence {i}: prompt_len {s.prompt_len} of {len(s.ids)} tokens")
@@ -392,12 +394,15 @@ def _collate(mb: MicroBatch, device: Any) -> dict[str, Any]:
         mask[i, :n] = 0.0 if mb.padding else 1.0
         if s.sampler_logps is not None:
             sampler[i, :n] = torch.tensor(s.sampler_logps)
+        if s.weights is not None:
+            weight[i, :n] = torch.tensor(s.weights)
     has_sampler = all(s.sampler_logps is not None for s in group)
     return {
         "prompt": torch.tensor(group[0].ids[: group[0].prompt_len]).to(device),
         "ids": ids.to(device),
         "mask": mask.to(device),
         "adv": torch.tensor([s.advantage for s in group]).to(device),
+        "weight": weight.to(device),
         "sampler": sampler.to(device) if has_sampler else None,
     }
 

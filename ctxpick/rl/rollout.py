@@ -38,7 +38,7 @@ def sample_groups(
         by_size.setdefault(len(ex.passages), []).append(i)
     groups: list[Group | None] = [None] * len(batch)
     for size, idx in by_size.items():
-        regex = output_regex(min(size, spec.max_passages))
+        regex = output_regex(min(size, spec.max_passages), spec.output_format)
         outs = engines.generate(
             [chats[i] for i in idx], replace(sampling, regex=regex), batch_size=len(idx)
         )

@@ -173,19 +173,31 @@ def sft_step(run: Run, batch: list[PickerExample], timer: StepTimer) -> dict[str
     seqs = []
     for ex in batch:
         prompt = chat_prompt_ids(run.tokenizer, spec.chat(ex.question, ex.passages))
-        target = run.tokenizer.encode(render_pick(warm_start_pick(ex)), add_special_tokens=False)
-        seqs.append(TrainSequence(prompt + target + [eos], len(prompt)))
+        text = render_pick(warm_start_pick(ex), spec.output_format)
+        target, weights = weighted_target(run.tokenizer, text, run.cfg.stage.id_weight)
+        seqs.append(TrainSequence(prompt + target + [eos], len(prompt), weights=[*weights, 1.0]))
     with timer("learn"):
         return run.learners.step("sft_step", seqs)
+
+
+def weighted_target(tokenizer: Any, text: str, id_weight: float) -> tuple[list[int], list[float]]:
+    """The warm-start target's tokens and their loss weights: ``id_weight`` on the tokens of
+    ``<ids>...</ids>`` (the decision), 1 on the rest. Offsets, not separate encodes, find the
+    span, so the tokens are exactly the ones the model would write."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    start, stop = text.index("<ids>"), text.index("</ids>") + len("</ids>")
+    weights = [id_weight if b < stop and e > start else 1.0 for b, e in enc["offset_mapping"]]
+    return list(enc["input_ids"]), weights
 
 
 def validate(run: Run, val: list[PickerExample], spec: RewardSpec) -> dict[str, float]:
     """Greedy picks on the validation prompts, scored with the stage's reward, and the collapse
     diagnostics (a picker giving the same ids whatever the question shows here first)."""
-    groups = sample_groups(run.engines, val, picker_spec(run.cfg), _sampling(run.cfg, 0, True))
+    picker = picker_spec(run.cfg)
+    groups = sample_groups(run.engines, val, picker, _sampling(run.cfg, 0, True))
     terms = run.rewards.score(reward_requests(groups), spec)
     metrics = _term_means([t for ts in terms for t in ts])
-    d = diagnose([_pick_record(g) for g in groups])
+    d = diagnose([_pick_record(g, picker.output_format) for g in groups])
     metrics |= {
         "distinct_sets": d.distinct_sets,
         "top_set_share": d.top_set_share,
@@ -194,10 +206,10 @@ def validate(run: Run, val: list[PickerExample], spec: RewardSpec) -> dict[str, 
     return {f"val/{k}": v for k, v in metrics.items()}
 
 
-def _pick_record(g: Group) -> PickRecord:
+def _pick_record(g: Group, fmt: str) -> PickRecord:
     n = len(g.example.passages)
     try:
-        ids: tuple[int, ...] | None = parse_pick(g.samples[0].text, n).ids
+        ids: tuple[int, ...] | None = parse_pick(g.samples[0].text, n, fmt).ids
     except InvalidPick:
         ids = None
     return PickRecord(ids, n, g.example.gold)
@@ -270,7 +282,14 @@ def _load_data(cfg: Config) -> dict[str, list[PickerExample]]:
     path = Path(cfg.rl.mined)
     if not path.exists():
         raise ConfigError(f"rl.mined={path} does not exist: run `ctxpick mine` first")
-    data = load_picker_examples(path, cfg.picker.max_passages, cfg.seed)
+    data = load_picker_examples(path, cfg.picker.max_passages, cfg.seed, cfg.rl.pool_order)
+    if not data["train"]:
+        raise ConfigError(
+            f"rl.mined={path}: no training example (rl.pool_order={cfg.rl.pool_order} keeps a "
+            f"question only if its mined set is among the first picker.max_passages="
+            f"{cfg.picker.max_passages} passages)"
+        )
+    print(f"  {path}: " + ", ".join(f"{len(v)} {k}" for k, v in data.items()), flush=True)
     if not data["val"]:
         # Tiny runs can hash no question into val; validate on training prompts, and say so.
         print(f"  no validation prompts in {path}; validating on training prompts", flush=True)

@@ -1,0 +1,91 @@
+"""The quality recipe and the paper's ablations, as one resumable command (issue 10).
+
+1. The recipe: ``ctxpick demo experiment=cpu_quality`` into ``--out`` (mines a subset of the
+   training-split files in ../shared/data/train, warm start on every training question's human
+   evidence, Stage I -> Stage II, evaluation on the dev-split files with every baseline).
+2. The ablations (``conf/ablation/``), one Hydra multirun from the recipe's data and warm start:
+   without Stage I, without the rationale (ids-only output), without the redundancy term
+   (gamma = 0), warm start only.
+3. One evaluation of every variant in the recipe's evaluation folder: the baselines' and the
+   recipe's rows are reused (records are keyed by what produced them), only new pickers run.
+4. ``ablations.md`` in ``--out``: the paper's ablation layout, with 95% bootstrap intervals.
+
+Every phase resumes: re-run the same command after an interruption. Sizes are the recipe's
+config (conf/experiment/cpu_quality.yaml); pass Hydra overrides after ``--`` to change them
+for every phase (e.g. ``-- mining.max_questions=null`` on a GPU machine).
+
+Run: .venv/bin/python benchmarks/bench_quality.py [--out outputs/cpu_quality] [--skip-ablations]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from common import REPO, SHARED
+
+ABLATIONS = {
+    "no_stage1": "w/o Stage I",
+    "no_rationale": "w/o rationale (ids only)",
+    "no_redundancy": "w/o redundancy term (gamma = 0)",
+    "warmup_only": "warm start only (no RL)",
+}
+
+
+def ctxpick(*args: str) -> None:
+    """One phase as its own process: each starts and stops its own Ray cluster."""
+    cmd = [sys.executable, "-m", "ctxpick.cli", *args]
+    print("$ " + " ".join(cmd[2:]), flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="outputs/cpu_quality")
+    ap.add_argument("--skip-ablations", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every phase")
+    args = ap.parse_args()
+    if not SHARED.is_dir():
+        sys.exit(f"{SHARED} is absent: the recipe trains and evaluates on ../shared/data")
+    out = (REPO / args.out).resolve()
+    recipe = ["experiment=cpu_quality", *args.overrides]
+
+    ctxpick("demo", *recipe, f"output_dir={out}")
+    variants = {f"picker:{name}": f"full recipe ({name})" for name in ("stage1", "stage2")}
+    pickers = json.loads((out / "pickers.json").read_text())
+    if not args.skip_ablations:
+        ctxpick(
+            "demo",
+            "--multirun",
+            *recipe,
+            f"ablation={','.join(ABLATIONS)}",
+            f"demo.from_run={out}",
+            f"hydra.sweep.dir={out / 'ablations'}",
+            "hydra.sweep.subdir=${hydra:runtime.choices.ablation}",
+        )
+        for name, row in ABLATIONS.items():
+            trained = json.loads((out / "ablations" / name / "pickers.json").read_text())
+            pickers[name] = list(trained.values())[-1]  # the variant's last stage
+            variants[f"picker:{name}"] = row
+
+    from ctxpick.config import compose
+    from ctxpick.eval.harness import current_records, run_eval
+    from ctxpick.eval.report import ablation_table
+    from ctxpick.pipeline import eval_config
+
+    eval_cfg = eval_config(compose(recipe), recipe, out / "eval", pickers)
+    report = run_eval(eval_cfg)
+    table = ablation_table(current_records(eval_cfg), variants)
+    (out / "ablations.md").write_text(
+        "# Ablations of the quality recipe\n\n"
+        f"Command: `python benchmarks/bench_quality.py --out {args.out}`. Judged accuracy per "
+        "dataset and on the average, evidence F1 against the human gold, context tokens; 95% "
+        "bootstrap intervals; `n` questions.\n\n" + table + "\n"
+    )
+    print(f"\n{table}\n\nreport: {report}\nablations: {out / 'ablations.md'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The main job (`ctxpick demo`, `make demo`): pools and mining -> each training stage in
+order -> evaluation of the trained pickers against the baselines. Every phase is the same
+code its own command runs, in its own folder under ``output_dir``, so a re-run resumes."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ctxpick.config import Config, compose
+from ctxpick.eval.harness import run_eval
+from ctxpick.mining.run import run_mining
+from ctxpick.rl.report import plot_training, training_table
+from ctxpick.rl.trainer import train
+
+
+def run_demo(cfg: Config, overrides: list[str]) -> Path | None:
+    """``overrides``: the command line's, so every phase sees the same experiment. Returns the
+    evaluation report (None with ``demo.evaluate=false``)."""
+    root, t0, demo = Path(cfg.output_dir).resolve(), time.time(), cfg.demo
+    stages = demo.stages or {"stage1": ["stage=stage1"], "stage2": ["stage=stage2"]}
+    phases = len(stages) + 2
+    # An ablation (conf/ablation/) trains on another run's data and may reuse its stages.
+    data_root = Path(demo.from_run).resolve() if demo.from_run else root
+    mined = warmup_mined = data_root / "mine" / "mined.jsonl"
+    if demo.warmup_data:
+        warmup_mined = data_root / "warmup_data" / "mined.jsonl"
+    if demo.from_run:
+        print(f"== [1/{phases}] data from {data_root} ==", flush=True)
+    else:
+        print(f"== [1/{phases}] pools and evidence mining ==", flush=True)
+        run_mining(replace(cfg, output_dir=str(root / "mine")))
+        if demo.warmup_data:
+            print("== warm-start data ==", flush=True)
+            folder = warmup_mined.parent
+            run_mining(compose([*overrides, *demo.warmup_data, f"output_dir={folder}"]))
+
+    previous, trained, metrics = None, {}, {}
+    for i, (name, stage_overrides) in enumerate(stages.items(), 2):
+        if name in demo.skip:
+            continue
+        chain = [f"stage.init_from={previous}"] if previous else []
+        stage_cfg = compose(
+            [
+                *overrides,
+                *stage_overrides,
+                *demo.stage_overrides,
+                *chain,
+                f"output_dir={root / name}",
+            ]
+        )
+        if name in demo.reuse:
+            previous = str(data_root / name / "final")
+            print(f"== [{i}/{phases}] {name}: reused from {previous} ==", flush=True)
+        else:
+            print(
+                f"== [{i}/{phases}] training: {name} ({time.time() - t0:.0f}s so far) ==",
+                flush=True,
+            )
+            data = warmup_mined if stage_cfg.stage.kind == "sft" else mined
+            previous = str(train(replace(stage_cfg, rl=replace(stage_cfg.rl, mined=str(data)))))
+            metrics[name] = root / name / "metrics.jsonl"
+        trained[name] = (previous, stage_cfg.stage.kind)
+    # The warm start is a picker worth comparing only as the last stage (warm start only).
+    last = list(trained)[-1]
+    pickers = {n: p for n, (p, kind) in trained.items() if kind == "grpo" or n == last}
+    (root / "pickers.json").write_text(json.dumps(pickers, indent=2) + "\n")
+    curve = None
+    if metrics:
+        curve = plot_training(metrics, root / "reward_curve.png")
+        table = training_table(metrics)
+        (root / "training.md").write_text(table + "\n")
+        print(f"\n{table}\n\nreward curve: {curve}", flush=True)
+    if not demo.evaluate:
+        print(f"pickers: {root / 'pickers.json'} (demo.evaluate=false: no evaluation)")
+        return None
+
+    print(f"== [{phases}/{phases}] evaluation ({time.time() - t0:.0f}s so far) ==", flush=True)
+    report = run_eval(eval_config(cfg, overrides, root / "eval", pickers))
+    print(f"\ntraining: {root / 'training.md'}  reward curve: {curve}")
+    print(f"evaluation report: {report}\nall outputs: {root}")
+    print(f"main job finished in {time.time() - t0:.0f}s", flush=True)
+    return report
+
+
+def eval_config(cfg: Config, overrides: list[str], out: Path, pickers: dict[str, str]) -> Config:
+    """The main job's evaluation of ``pickers`` (label -> folder) on ``demo.eval_sources``."""
+    eval_cfg = compose([*overrides, *cfg.demo.eval, f"output_dir={out}"])
+    return replace(
+        eval_cfg,
+        eval=replace(eval_cfg.eval, pickers=pickers),
+        # path=None: the one-file shorthand would otherwise replace the sources again.
+        data=replace(
+            eval_cfg.data, sources=cfg.demo.eval_sources or eval_cfg.data.sources, path=None
+        ),
+    )
