@@ -14,7 +14,8 @@ Every phase resumes: re-run the same command after an interruption. Sizes are th
 config (conf/experiment/cpu_quality.yaml); pass Hydra overrides after ``--`` to change them
 for every phase (e.g. ``-- mining.max_questions=null`` on a GPU machine).
 
-Run: .venv/bin/python benchmarks/bench_quality.py [--out outputs/cpu_quality] [--skip-ablations]
+Run: .venv/bin/python benchmarks/bench_quality.py [--out outputs/cpu_quality]
+     [--ablations no_stage1,no_rationale,no_redundancy,warmup_only] [-- overrides]
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ def ctxpick(*args: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="outputs/cpu_quality")
-    ap.add_argument("--skip-ablations", action="store_true")
+    ap.add_argument(
+        "--ablations",
+        default=",".join(ABLATIONS),
+        help="comma-separated subset of: " + ", ".join(ABLATIONS) + " (empty: none)",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every phase")
     args = ap.parse_args()
     if not SHARED.is_dir():
@@ -55,17 +60,21 @@ def main() -> None:
     ctxpick("demo", *recipe, f"output_dir={out}")
     variants = {f"picker:{name}": f"full recipe ({name})" for name in ("stage1", "stage2")}
     pickers = json.loads((out / "pickers.json").read_text())
-    if not args.skip_ablations:
+    chosen = [a for a in args.ablations.split(",") if a]
+    if unknown := set(chosen) - set(ABLATIONS):
+        sys.exit(f"unknown ablations {sorted(unknown)}; known: {', '.join(ABLATIONS)}")
+    if chosen:
         ctxpick(
             "demo",
             "--multirun",
             *recipe,
-            f"ablation={','.join(ABLATIONS)}",
+            f"ablation={','.join(chosen)}",
             f"demo.from_run={out}",
             f"hydra.sweep.dir={out / 'ablations'}",
             "hydra.sweep.subdir=${hydra:runtime.choices.ablation}",
         )
-        for name, row in ABLATIONS.items():
+        for name in chosen:
+            row = ABLATIONS[name]
             trained = json.loads((out / "ablations" / name / "pickers.json").read_text())
             pickers[name] = list(trained.values())[-1]  # the variant's last stage
             variants[f"picker:{name}"] = row

@@ -43,6 +43,7 @@ def test_ray_up_config(path):
         assert stops[0].split()[0] == start_bin
     head = next(c for c in cfg["head_start_ray_commands"] if "--head" in c)
     assert "--dashboard-host=127.0.0.1" in head  # reached through an SSH tunnel, not the LAN
+    assert "RAY_JOB_STOP_WAIT_TIME_S=" in head  # `ray job stop` leaves time for a checkpoint
     if cfg["provider"]["type"] == "aws":
         types = cfg["available_node_types"]
         assert cfg["head_node_type"] in types
@@ -72,6 +73,10 @@ def test_kuberay_manifest(path):
     assert spec["headGroupSpec"]["serviceType"] == "ClusterIP"  # never a public LoadBalancer
     claims = {_load(CLUSTER / "kuberay" / "pvc.yaml")["metadata"]["name"]}
     gpus = 0
+    head_env = {
+        e["name"] for e in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert "RAY_JOB_STOP_WAIT_TIME_S" in head_env  # `ray job stop` leaves time for a checkpoint
     for role, container, volumes, replicas in _pods(spec):
         assert container["image"] == IMAGE_TAG
         res = container["resources"]

@@ -13,6 +13,9 @@ import json
 import math
 import random
 import shutil
+import signal
+import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -29,6 +32,7 @@ from ctxpick.engines.vllm_engine import chat_prompt_ids
 from ctxpick.picker.diagnostics import PickRecord, diagnose
 from ctxpick.picker.examples import PickerExample, load_picker_examples, warm_start_pick
 from ctxpick.picker.format import InvalidPick, parse_pick, render_pick
+from ctxpick.picker.spec import PickerSpec
 from ctxpick.rewards.reward import RewardSpec, RewardTerms
 from ctxpick.rewards.service import RewardClient
 from ctxpick.rl.grpo import group_advantages
@@ -221,6 +225,9 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     ``run``: actors to reuse (the caller owns them). A fresh stage needs freshly initialised
     ones; a resume restores the whole learner state from the checkpoint, so any will do."""
     stage, rl, out = cfg.stage, cfg.rl, Path(cfg.output_dir)
+    if done := _finished(cfg, out):
+        print(f"[{stage.name}] already finished: {done}", flush=True)
+        return done
     data = _load_data(cfg)
     spec = reward_spec(cfg)
     stream = PromptStream(data["train"], rl.prompts_per_step, cfg.seed)
@@ -239,6 +246,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     if stage.init_from:
         tracker.use_artifact(stage.init_from, "model")
     metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
+    stop = _StopOnSigterm()
     print(
         f"[{stage.name}] {len(data['train'])} train / {len(data['val'])} val prompts, "
         f"{stage.kind}, from step {state.step} to {stage.max_steps}",
@@ -263,8 +271,17 @@ def train(cfg: Config, run: Run | None = None) -> Path:
         metrics_log.write(state.step, metrics, [ex.id for ex in batch])
         tracker.log(metrics, step=state.step, tables=tables)
         print(_progress(stage.name, state, metrics), flush=True)
-        if state.step % rl.save_every == 0 or state.step == stage.max_steps or state.stop_reason:
+        due = state.step % rl.save_every == 0 or state.step == stage.max_steps
+        if due or state.stop_reason or stop.requested:
             _checkpoint(run, out, state, rl.keep_checkpoints)
+        if stop.requested:
+            # `ray job stop`, Kubernetes or a scheduler: keep the step just finished, then go.
+            print(f"[{stage.name}] SIGTERM: checkpoint at step {state.step}, exiting", flush=True)
+            tracker.finish()
+            if owned:
+                run.shutdown()
+            sys.exit(128 + signal.SIGTERM)
+    stop.restore()
     final = out / "final"
     run.learners.call("save_pretrained", str(final))
     picker_spec(cfg).save(final)  # the prompt and passage cut inference must use
@@ -318,6 +335,41 @@ def _checkpoint(run: Run, out: Path, state: TrainState, keep: int) -> None:
     saved = sorted(ckpt.glob("step*"), key=lambda p: int(p.name.removeprefix("step")))
     for old in saved[:-keep]:  # a resume needs only the latest
         shutil.rmtree(old, ignore_errors=True)
+
+
+class _StopOnSigterm:
+    """SIGTERM asks the loop to stop after the step in flight (its checkpoint is then written);
+    a step is not cut short, since a half-applied update cannot be resumed."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: Any) -> None:
+        print("  SIGTERM received: stopping after this step", flush=True)
+        self.requested = True
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def _finished(cfg: Config, out: Path) -> Path | None:
+    """The stage's final/ if a run into ``out`` already finished it with this picker spec."""
+    result, final = out / "result.json", out / "final"
+    if not result.exists() or not (final / "picker.json").exists():
+        return None
+    state = TrainState(**json.loads(result.read_text()))
+    if state.step < cfg.stage.max_steps and not state.stop_reason:
+        return None  # finished at fewer steps than now asked: train on from the checkpoint
+    if PickerSpec.load(final) != picker_spec(cfg):
+        raise ConfigError(
+            f"{out} holds a stage finished with another picker prompt or format "
+            f"({final / 'picker.json'}): train into another output_dir"
+        )
+    return final
 
 
 def _resume(run: Run, out: Path) -> TrainState:
