@@ -6,6 +6,7 @@ resume at the step it stopped, and a mining job."""
 import json
 import os
 import socket
+import sys
 import time
 
 import pytest
@@ -14,6 +15,9 @@ from conftest import REPO, SAMPLES
 pytestmark = pytest.mark.slow
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+# The cluster's `python`: these nodes run from this environment, which `make test` does not
+# put on PATH (a real cluster's image does).
+PYTHON = sys.executable
 
 
 def _free_port():
@@ -71,9 +75,7 @@ def _submit(client, script, *overrides):
     for _ in range(60):
         try:
             return client.submit_job(
-                entrypoint=" ".join(
-                    ["python", f"jobs/{script}.py", "ray.address=auto", *overrides]
-                ),
+                entrypoint=" ".join([PYTHON, f"jobs/{script}.py", "ray.address=auto", *overrides]),
                 runtime_env={
                     "working_dir": str(REPO),
                     "excludes": ["outputs", "tests", "benchmarks"],
