@@ -89,9 +89,9 @@ def main() -> None:
     table = ablation_table(current_records(eval_cfg), variants)
     (out / "ablations.md").write_text(
         "# Ablations of the quality recipe\n\n"
-        f"Command: `python benchmarks/bench_quality.py --out {args.out}`. Judged accuracy per "
-        "dataset and on the average, evidence F1 against the human gold, context tokens; 95% "
-        "bootstrap intervals; `n` questions.\n\n" + table + "\n"
+        f"Command: `python benchmarks/bench_quality.py {' '.join(sys.argv[1:])}`. "
+        "Judged accuracy per dataset and on the average, evidence F1 against the human gold, "
+        "context tokens; 95% bootstrap intervals; `n` questions.\n\n" + table + "\n"
     )
     print(f"\n{table}\n\nreport: {report}\nablations: {out / 'ablations.md'}", flush=True)
 
