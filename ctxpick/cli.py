@@ -18,12 +18,14 @@ pipeline (Hydra apps over conf/; pass key=value overrides):
   mine                 mine minimal sufficient evidence sets (a resumable Ray job)
   train                train the picker: stage=warmup | stage1 | stage2 (resumable Ray job)
   eval                 methods x datasets: judged accuracy and the tokens each method sends
+  serve                serve a picker over HTTP on Ray Serve (serve.picker=FOLDER, serve.port=...)
   config               print the composed, validated config
 
 utilities:
   data stats PATH [--format NAME] [--strict]   counts for a dataset file
   models prepare [ALIAS ...]                   convert built-in models to safetensors (once)
   models list                                  built-in models and where they are prepared
+  openapi [--write]                            the service's OpenAPI schema (docs/openapi.json)
 """
 
 
@@ -100,6 +102,27 @@ def _train(cfg: Config) -> None:
     train(cfg)
 
 
+def _serve(cfg: Config) -> None:
+    from ctxpick.serve.app import start
+
+    start(cfg.serve, ray_address=cfg.ray.address)
+
+
+def _openapi(argv: list[str]) -> None:
+    import json
+
+    from ctxpick.serve.app import OPENAPI_FILE, app
+
+    text = json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"
+    if argv == ["--write"]:
+        OPENAPI_FILE.write_text(text, encoding="utf-8")
+        print(f"wrote {OPENAPI_FILE}")
+    elif argv:
+        sys.exit("usage: ctxpick openapi [--write]")
+    else:
+        print(text, end="")
+
+
 def _models(argv: list[str]) -> None:
     from ctxpick.engines.models import BUILTINS, prepare, prepared_path
 
@@ -123,8 +146,9 @@ HYDRA_COMMANDS: dict[str, Callable[[Config], object]] = {
     "train": _train,
     "eval": _eval,
     "config": _print_config,
+    "serve": _serve,
 }
-UTILITIES = {"data": _data, "models": _models}
+UTILITIES = {"data": _data, "models": _models, "openapi": _openapi}
 
 
 def main(argv: list[str] | None = None) -> None:

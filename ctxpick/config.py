@@ -20,6 +20,7 @@ from ctxpick.retrieval.chunking import ChunkingConfig
 from ctxpick.retrieval.pools import PoolConfig
 from ctxpick.rewards.reward import EQ8_READINGS, RewardSpec
 from ctxpick.rl.learner import LearnerConfig
+from ctxpick.serve.settings import ServeConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -342,6 +343,7 @@ class Config:
     demo: DemoConfig = field(default_factory=DemoConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     seed: int = 0
     output_dir: str = "outputs/run"
 

@@ -12,7 +12,8 @@ from ctxpick.config import compose
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "cluster"
-RAY_UP = sorted(CLUSTER.glob("*.yaml"))
+SERVE = CLUSTER / "serve.yaml"
+RAY_UP = sorted(p for p in CLUSTER.glob("*.yaml") if p != SERVE)
 KUBERAY = sorted((CLUSTER / "kuberay").glob("*.yaml"))
 IMAGE_TAG = "ghcr.io/YOUR_ORG/ctxpick:latest"
 
@@ -111,3 +112,19 @@ def _check_entrypoint(entrypoint, spec, gpus):
     demand = [p.num_actors * p.num_gpus_per_actor for p in pools]
     assert (sum(demand) if command == "train" else max(demand)) <= gpus, (command, demand, gpus)
     assert all(d >= 1 for d in demand), f"{command}: an actor pool uses no GPU on a GPU cluster"
+
+
+def test_serve_config_deploys_the_app_with_overrides_ctxpick_accepts():
+    """What `serve deploy cluster/serve.yaml` reads: Ray Serve's own schema, an import path
+    that resolves to the app builder, overrides that compose, proxies on every node."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from ctxpick.serve.app import app_builder
+
+    cfg = ServeDeploySchema.model_validate(_load(SERVE))
+    [app] = cfg.applications
+    module, name = app.import_path.split(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is app_builder
+    serve = compose(app.args["overrides"]).serve
+    assert serve.max_replicas >= serve.min_replicas >= 1 and serve.num_gpus_per_replica == 1
+    assert cfg.http_options.host == "0.0.0.0" and serve.api_key_env  # remote: token required

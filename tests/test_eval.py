@@ -168,7 +168,7 @@ def test_picker_shows_cut_passages_returns_full_ones_and_falls_back_on_bad_outpu
             return [[Completion(t, [], 0)] for t in outs]
 
     ps = [Passage(f"p{i}", 0, 0, 0, "w " * 10, "T") for i in range(3)]
-    good, bad = Picker(Scripted(), PickerSpec("sys", 2, 2, 16)).pick(["q1", "q2"], [ps, ps])
+    good, bad = Picker(Scripted(), PickerSpec("sys", 2, 2, 16)).decide(["q1", "q2"], [ps, ps])
     assert good.valid and [p.pid for p in good.passages] == ["p1"]
     assert good.passages[0].text == ps[1].text  # the generator gets the full passage
     assert not bad.valid and [p.pid for p in bad.passages] == ["p0", "p1"]

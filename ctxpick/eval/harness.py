@@ -109,7 +109,7 @@ def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]
     engines = EnginePool.from_config(path, cfg.rl.rollout, cfg.seed)
     picker = Picker(engines, spec)
     t0 = time.time()
-    picks = picker.pick(
+    picks = picker.decide(
         [r.item.example.question for r in items],
         [[r.item.passages[i] for i in r.pool] for r in items],
     )

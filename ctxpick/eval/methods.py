@@ -12,13 +12,14 @@ the generator will read; the token budget then caps what any of them may send.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ctxpick.data.schema import ChunkedExample, Passage
+from ctxpick.picker.inference import apply_budget  # noqa: F401  (the harness caps with it)
 from ctxpick.retrieval.bm25 import top_k
 
 METHODS = ("none", "bm25", "dense", "adaptive", "full_pool", "oracle", "picker")
@@ -86,19 +87,3 @@ def oracle(r: Retrieved) -> list[Passage] | None:
     if gold is None:
         return None
     return [p for p in r.item.passages if p.pid in set(gold)]
-
-
-def apply_budget(
-    passages: list[Passage], budget: int | None, count: Callable[[Passage], int]
-) -> tuple[list[Passage], bool]:
-    """Keep passages in order while their tokens fit in ``budget``; True if any was cut."""
-    if budget is None:
-        return passages, False
-    kept, used = [], 0
-    for p in passages:
-        n = count(p)
-        if used + n > budget:
-            return kept, True
-        kept.append(p)
-        used += n
-    return kept, False

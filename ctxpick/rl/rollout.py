@@ -3,12 +3,12 @@ and the turn of samples + advantages into learner sequences."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ctxpick.engines.base import Completion, SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.picker.examples import PickerExample
-from ctxpick.picker.format import output_regex
+from ctxpick.picker.inference import generate_picks
 from ctxpick.picker.spec import PickerSpec
 from ctxpick.rewards.service import RewardRequest
 from ctxpick.rl.learner import TrainSequence
@@ -27,24 +27,11 @@ def sample_groups(
     sampling: SamplingConfig,
     constrained: bool = False,
 ) -> list[Group]:
-    """``sampling.n`` samples per prompt. Constrained decoding allows only ids within each
-    prompt's own pool, so prompts are sent in one call per pool size."""
+    """``sampling.n`` samples per prompt (constrained: see :func:`generate_picks`)."""
     chats = [spec.chat(ex.question, ex.passages) for ex in batch]
-    if not constrained:
-        outs = engines.generate(chats, sampling, batch_size=len(chats))
-        return [Group(ex, samples) for ex, samples in zip(batch, outs, strict=True)]
-    by_size: dict[int, list[int]] = {}
-    for i, ex in enumerate(batch):
-        by_size.setdefault(len(ex.passages), []).append(i)
-    groups: list[Group | None] = [None] * len(batch)
-    for size, idx in by_size.items():
-        regex = output_regex(min(size, spec.max_passages), spec.output_format)
-        outs = engines.generate(
-            [chats[i] for i in idx], replace(sampling, regex=regex), batch_size=len(idx)
-        )
-        for i, samples in zip(idx, outs, strict=True):
-            groups[i] = Group(batch[i], samples)
-    return groups  # type: ignore[return-value]
+    sizes = [min(len(ex.passages), spec.max_passages) for ex in batch]
+    outs = generate_picks(engines, chats, sizes, sampling, spec, constrained, batch_size=len(chats))
+    return [Group(ex, samples) for ex, samples in zip(batch, outs, strict=True)]
 
 
 def reward_requests(groups: list[Group]) -> list[RewardRequest]:

@@ -1,0 +1,74 @@
+"""The Python API's decisions around the engine's output (pure: a scripted engine): kept
+passages in retriever order, caller ids, the fallback policies, the token budget."""
+
+import pytest
+
+from ctxpick.engines.base import Completion
+from ctxpick.picker.inference import Picker, Selection
+from ctxpick.picker.spec import PickerSpec
+
+
+class Scripted:
+    """Answers each chat with the next scripted output; records the batch sizes."""
+
+    def __init__(self, *outputs):
+        self.outputs, self.calls = list(outputs), []
+
+    def generate(self, chats, sampling):
+        self.calls.append(len(chats))
+        return [[Completion(self.outputs.pop(0), [], 0)] for _ in chats]
+
+
+CANDIDATES = ["alpha one", {"id": "b", "text": "beta two two", "title": "B"}, "gamma three"]
+
+
+def picker(*outputs, **options):
+    return Picker(
+        Scripted(*outputs),
+        PickerSpec("sys", 3, 50, 32),
+        count_tokens=lambda t: len(t.split()),
+        **options,
+    )
+
+
+def test_kept_passages_come_in_retriever_order_with_the_callers_ids():
+    sel = picker("<rationale>r</rationale><ids>[3, 2]</ids>").pick("q", CANDIDATES)
+    assert isinstance(sel, Selection) and sel.valid and sel.fallback is None
+    assert sel.indices == [1, 2] and sel.ids == ["b", 2]
+    assert sel.passages == [CANDIDATES[1], CANDIDATES[2]] and sel.rationale == "r"
+    # tokens as the generator would read them: "[1] (title) text"
+    assert sel.tokens_in == 3 + 5 + 3 and sel.tokens_kept == 5 + 3
+
+
+@pytest.mark.parametrize("policy,kept", [("top_k", [0, 1]), ("all", [0, 1, 2])])
+def test_an_invalid_output_falls_back_and_says_so(policy, kept):
+    sel = picker("I think passage 2", fallback=policy, fallback_k=2).pick("q", CANDIDATES)
+    assert not sel.valid and sel.indices == kept
+    assert policy in sel.fallback and "invalid output" in sel.fallback
+
+
+def test_the_token_budget_cuts_the_last_kept_passages():
+    sel = picker("<rationale>r</rationale><ids>[1, 2, 3]</ids>").pick("q", CANDIDATES, 9)
+    assert sel.indices == [0, 1] and sel.budget_cut and sel.tokens_kept == 8
+
+
+def test_pick_many_is_one_engine_call():
+    p = picker(*["<rationale>r</rationale><ids>[1]</ids>"] * 3)
+    sels = p.pick_many(["q1", "q2", "q3"], [CANDIDATES] * 3, [None, None, 1])
+    assert p.engine.calls == [3] and [s.batch_size for s in sels] == [3, 3, 3]
+    assert [s.indices for s in sels] == [[0], [0], []]
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ([], "empty list"),
+        ([{"title": "x"}], r"passages\[0\]"),
+        ([{"text": "a", "title": 3}], "title"),
+    ],
+)
+def test_bad_candidates_are_refused_naming_the_passage(bad, message):
+    with pytest.raises(ValueError, match=message):
+        picker("unused").pick("q", bad)
+    with pytest.raises(ValueError, match="fallback"):
+        picker(fallback="none")
