@@ -259,6 +259,8 @@ class RLConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     save_every: int = 10
     keep_checkpoints: int = 1
+    # a dead learner or rollout actor: restart the actors from the last checkpoint, this often
+    max_restarts: int = 2
     val_every: int = 5
     val_size: int = 16  # validation prompts (greedy) per evaluation
     bucket_mb: int = 256  # weight-sync bucket size (object_store transfer)

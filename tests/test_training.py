@@ -144,6 +144,40 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
     assert chat[0]["content"] == ref_cfg.picker.instruction
 
 
+@pytest.mark.parametrize("kind", ["learner", "rollout"])
+def test_a_dead_actor_mid_stage_restarts_from_the_checkpoint_with_the_same_result(
+    ray_cluster, root, capsys, kind
+):
+    """Kill a learner or a rollout worker during step 2 of the resume test's reference stage:
+    the stage restarts its actors from the step-1 checkpoint and ends with the reference's
+    batches and final weights (the tolerance of the exact-resume test)."""
+    import threading
+    import time
+
+    import ray
+
+    name = f"killed_{kind}"
+    cfg = tiny(
+        root, name, "stage.max_steps=3", "rl.save_every=1", "rl.keep_checkpoints=3",
+        "rl.val_every=100", "rl.max_restarts=1",
+    )  # fmt: skip
+    victim = Run(cfg)  # fresh actors, like the reference's
+    target = victim.learners.actors[0] if kind == "learner" else victim.engines.actors[0]
+
+    def kill_after_the_first_checkpoint():
+        while not (root / name / "checkpoints" / "latest").exists():
+            time.sleep(0.1)
+        ray.kill(target)
+
+    threading.Thread(target=kill_after_the_first_checkpoint, daemon=True).start()
+    final = train(cfg, run=victim)
+    assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
+    steps, ref = _steps(root / name), _steps(root / "ref")
+    assert sorted(steps) == [1, 2, 3]
+    assert [steps[s]["batch"] for s in (1, 2, 3)] == [ref[s]["batch"] for s in (1, 2, 3)]
+    assert _checksum(final) == pytest.approx(_checksum(root / "ref" / "final"), rel=1e-6)
+
+
 def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
     from ctxpick.picker.examples import load_picker_examples
 

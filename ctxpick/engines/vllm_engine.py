@@ -124,6 +124,10 @@ class VLLMEngine:
             for out in outputs
         ]
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt prefix (stale weights; a benchmark's fair second pass)."""
+        self.llm.reset_prefix_cache()
+
     def load_weights(self, buckets: list[bytes]) -> float:
         """Replace the weights in place with the learner's safetensors ``buckets`` (see
         :meth:`ctxpick.rl.learner.Learner.weight_buckets`); returns the seconds it took.
@@ -140,7 +144,7 @@ class VLLMEngine:
                 with open(os.path.join(folder, f"model-{i:05d}.safetensors"), "wb") as fh:
                     fh.write(blob)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
-            self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+            self.reset_prefix_cache()  # cached KV was computed by the old weights
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return time.time() - t0
@@ -158,7 +162,7 @@ class VLLMEngine:
 
     def finish_weight_update(self) -> None:
         self.llm.finish_weight_update()
-        self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
+        self.reset_prefix_cache()  # cached KV was computed by the old weights
 
 
 def _transfer_config(backend: str | None) -> dict[str, Any]:

@@ -9,7 +9,6 @@ result, never hidden.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -151,11 +150,6 @@ class Picker:
         if spec is None:
             return cls.from_folder(folder, engine, **options)
         return cls(engine, spec, **options)
-
-    @property
-    def version(self) -> str:
-        """The prompt version: a digest of everything ``picker.json`` fixes."""
-        return hashlib.sha256(repr(self.spec).encode()).hexdigest()[:12]
 
     def chats(self, questions: Sequence[str], pools: Sequence[Sequence[Passage]]) -> list[Chat]:
         return [self.spec.chat(q, ps) for q, ps in zip(questions, pools, strict=True)]

@@ -9,6 +9,7 @@ picker's input.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -46,6 +47,12 @@ class PickerSpec:
         here, from passages cut the same way."""
         visible = [shown(p, self.max_passage_words) for p in passages[: self.max_passages]]
         return picker_chat(self.instruction, question, visible)
+
+    @property
+    def version(self) -> str:
+        """A digest of everything ``picker.json`` fixes: the prompt version that serving
+        reports and audits."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / SPEC_FILE

@@ -432,6 +432,16 @@ def plan_updates(
     return plans, tokens
 
 
+def get_all(refs: list[ray.ObjectRef]) -> list[Any]:
+    """``ray.get`` of every ref, raising the first failure as soon as it happens: the peers
+    of a dead rank wait in a collective and would never return."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done[0])
+    return ray.get(refs)
+
+
 class LearnerGroup:
     """Data-parallel learners placed by a placement group; every call goes to all ranks."""
 
@@ -470,7 +480,7 @@ class LearnerGroup:
         grpo = self.cfg.grpo
         minis = grpo.mini_batches if method == "grpo_step" else 1
         plans, tokens = plan_updates(seqs, self.cfg.micro_batch_size, len(self.actors), minis)
-        results = ray.get(
+        results = get_all(
             [
                 getattr(a, method).remote(plan, tokens, *args)
                 for a, plan in zip(self.actors, plans, strict=True)
@@ -501,7 +511,7 @@ class LearnerGroup:
         return refs[0]
 
     def call(self, method: str, *args: Any) -> list[Any]:
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+        return get_all([getattr(a, method).remote(*args) for a in self.actors])
 
     def shutdown(self) -> None:
         for a in self.actors:

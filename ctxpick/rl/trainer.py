@@ -24,6 +24,7 @@ from statistics import mean
 from typing import Any
 
 import torch
+from ray.exceptions import RayActorError
 
 from ctxpick.config import Config, ConfigError, picker_spec, reward_spec
 from ctxpick.engines.base import SamplingConfig
@@ -252,35 +253,51 @@ def train(cfg: Config, run: Run | None = None) -> Path:
         f"{stage.kind}, from step {state.step} to {stage.max_steps}",
         flush=True,
     )
+    restarts = 0
     while state.step < stage.max_steps and not state.stop_reason:
-        timer, t0, tables = StepTimer(), time.time(), {}
-        batch = stream.next_batch(state)
-        if stage.kind == "sft":
-            metrics = sft_step(run, batch, timer)
-        else:
-            metrics, groups, terms = grpo_step(run, batch, spec, state.step, timer)
-            tables["samples"] = _sample_rows(groups, terms, state.step, rl.samples_logged)
-        with timer("sync"):
-            run.sync_weights()
-        state.step += 1
-        metrics |= {f"time/{k}": v for k, v in timer.seconds.items()} | {
-            "time/step": time.time() - t0
-        }
-        if state.step % rl.val_every == 0 or state.step == stage.max_steps:
-            metrics |= _evaluate(run, data["val"], spec, state, stage.patience)
-        metrics_log.write(state.step, metrics, [ex.id for ex in batch])
-        tracker.log(metrics, step=state.step, tables=tables)
-        print(_progress(stage.name, state, metrics), flush=True)
-        due = state.step % rl.save_every == 0 or state.step == stage.max_steps
-        if due or state.stop_reason or stop.requested:
-            _checkpoint(run, out, state, rl.keep_checkpoints)
-        if stop.requested:
-            # `ray job stop`, Kubernetes or a scheduler: keep the step just finished, then go.
-            print(f"[{stage.name}] SIGTERM: checkpoint at step {state.step}, exiting", flush=True)
-            tracker.finish()
-            if owned:
-                run.shutdown()
-            sys.exit(128 + signal.SIGTERM)
+        try:
+            timer, t0, tables = StepTimer(), time.time(), {}
+            batch = stream.next_batch(state)
+            if stage.kind == "sft":
+                metrics = sft_step(run, batch, timer)
+            else:
+                metrics, groups, terms = grpo_step(run, batch, spec, state.step, timer)
+                tables["samples"] = _sample_rows(groups, terms, state.step, rl.samples_logged)
+            with timer("sync"):
+                run.sync_weights()
+            state.step += 1
+            metrics |= {f"time/{k}": v for k, v in timer.seconds.items()} | {
+                "time/step": time.time() - t0
+            }
+            if state.step % rl.val_every == 0 or state.step == stage.max_steps:
+                metrics |= _evaluate(run, data["val"], spec, state, stage.patience)
+            metrics_log.write(state.step, metrics, [ex.id for ex in batch])
+            tracker.log(metrics, step=state.step, tables=tables)
+            print(_progress(stage.name, state, metrics), flush=True)
+            due = state.step % rl.save_every == 0 or state.step == stage.max_steps
+            if due or state.stop_reason or stop.requested:
+                _checkpoint(run, out, state, rl.keep_checkpoints)
+            if stop.requested:
+                # `ray job stop`, Kubernetes or a scheduler: keep the step just finished, then go.
+                print(f"[{stage.name}] SIGTERM: checkpoint at step {state.step}, exit", flush=True)
+                tracker.finish()
+                if owned:
+                    run.shutdown()
+                sys.exit(128 + signal.SIGTERM)
+        except RayActorError as err:
+            # A dead learner or rollout worker: new actors, back to the last checkpoint.
+            restarts += 1
+            if restarts > rl.max_restarts:
+                raise
+            print(
+                f"[{stage.name}] an actor died ({type(err).__name__}); restart {restarts}/"
+                f"{rl.max_restarts} from the last checkpoint",
+                flush=True,
+            )
+            run.shutdown()
+            run, owned = Run(cfg), True
+            state = _resume(run, out)
+            metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
     stop.restore()
     final = out / "final"
     run.learners.call("save_pretrained", str(final))

@@ -188,7 +188,7 @@ class Service:
         folder, spec = resolve_picker(cfg.picker)
         self.spec = spec or PickerSpec.load(folder)
         self.model = cfg.picker
-        self.version = Picker(None, self.spec).version  # type: ignore[arg-type]
+        self.version = self.spec.version
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.audit = AuditLog(cfg.audit.path, cfg.audit.store_text)
         self.api_key = ""
@@ -433,6 +433,58 @@ async def metrics() -> Response:
 # ---------------------------------------------------------------- deployments
 
 
+class Batcher:
+    """Requests queued while the engine is busy go into its next call, up to
+    ``max_batch_size``; an idle engine waits ``wait_s`` for company.
+
+    Kept instead of ``serve.batch``: that forms each batch when its requests arrive, so under
+    load many small batches queue behind the running one (measured by
+    benchmarks/bench_serve.py: a mean batch of 4 at concurrency 32). Here a batch is formed
+    when the engine is free to take it.
+    """
+
+    def __init__(self, fn: Any, max_batch_size: int, wait_s: float) -> None:
+        self.fn, self.max_batch_size, self.wait_s = fn, max_batch_size, wait_s
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.worker: asyncio.Task | None = None
+
+    async def submit(self, job: Any) -> Any:
+        if self.worker is None or self.worker.done():
+            self.worker = asyncio.get_running_loop().create_task(self._serve())
+        done = asyncio.get_running_loop().create_future()
+        await self.queue.put((job, done))
+        return await done
+
+    async def _next_batch(self) -> list[tuple[Any, asyncio.Future]]:
+        batch = [await self.queue.get()]
+        deadline = asyncio.get_running_loop().time() + self.wait_s
+        while len(batch) < self.max_batch_size:
+            if not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+                continue
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), left))
+            except TimeoutError:
+                break
+        return batch
+
+    async def _serve(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            try:
+                # the engine call blocks: off the event loop, so requests keep queueing
+                results = await asyncio.to_thread(self.fn, [job for job, _ in batch])
+            except Exception as err:  # every request of the batch gets the engine's error
+                for _, done in batch:
+                    done.set_exception(err)
+                continue
+            for (_, done), result in zip(batch, results, strict=True):
+                done.set_result(result)
+
+
 @serve.deployment(name="PickerEngine")
 class PickerEngine:
     """One vLLM picker; concurrent requests are batched into one engine call."""
@@ -447,17 +499,17 @@ class PickerEngine:
             constrained=cfg.constrained,
             name=cfg.picker,
         )
-        self.pick.set_max_batch_size(cfg.max_batch_size)
-        self.pick.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
+        self.batcher = Batcher(self._pick_many, cfg.max_batch_size, cfg.batch_wait_timeout_s)
 
     def ready(self) -> bool:
         return True
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
-    async def pick(self, jobs: list[tuple[str, list[Any], int | None]]) -> list[Selection]:
+    def _pick_many(self, jobs: list[tuple[str, list[Any], int | None]]) -> list[Selection]:
         questions, candidates, budgets = zip(*jobs, strict=True)
-        # the engine call blocks: off the event loop, so the next batch can form meanwhile
-        return await asyncio.to_thread(self.picker.pick_many, questions, candidates, budgets)
+        return self.picker.pick_many(questions, candidates, budgets)
+
+    async def pick(self, job: tuple[str, list[Any], int | None]) -> Selection:
+        return await self.batcher.submit(job)
 
 
 @serve.deployment(name="Api", max_ongoing_requests=1024)

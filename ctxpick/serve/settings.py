@@ -39,8 +39,8 @@ class ServeConfig:
     max_replicas: int = 0
     target_ongoing_requests: float = 8  # autoscaling target per replica
     max_ongoing_requests: int = 32  # per engine replica
-    max_batch_size: int = 16  # requests batched into one engine call
-    batch_wait_timeout_s: float = 0.01  # how long a batch waits to fill
+    max_batch_size: int = 32  # requests batched into one engine call
+    batch_wait_timeout_s: float = 0.05  # how long an idle engine waits for a batch to fill
     num_cpus_per_replica: float = 1
     num_gpus_per_replica: float = 0
     max_model_len: int = 4096
