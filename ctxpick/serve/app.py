@@ -16,6 +16,7 @@ import json
 import os
 import time
 import uuid
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -443,8 +444,11 @@ class Batcher:
     when the engine is free to take it.
     """
 
-    def __init__(self, fn: Any, max_batch_size: int, wait_s: float) -> None:
+    def __init__(
+        self, fn: Any, max_batch_size: int, wait_s: float, executor: Executor | None = None
+    ) -> None:
         self.fn, self.max_batch_size, self.wait_s = fn, max_batch_size, wait_s
+        self.executor = executor
         self.queue: asyncio.Queue = asyncio.Queue()
         self.worker: asyncio.Task | None = None
 
@@ -476,7 +480,9 @@ class Batcher:
             batch = await self._next_batch()
             try:
                 # the engine call blocks: off the event loop, so requests keep queueing
-                results = await asyncio.to_thread(self.fn, [job for job, _ in batch])
+                jobs = [job for job, _ in batch]
+                loop = asyncio.get_running_loop()
+                results = await loop.run_in_executor(self.executor, self.fn, jobs)
             except Exception as err:  # every request of the batch gets the engine's error
                 for _, done in batch:
                     done.set_exception(err)
@@ -490,7 +496,12 @@ class PickerEngine:
     """One vLLM picker; concurrent requests are batched into one engine call."""
 
     def __init__(self, cfg: ServeConfig) -> None:
-        self.picker = Picker.from_pretrained(
+        # One thread builds the engine and makes every call: vLLM's CPU backend binds the
+        # OpenMP threads of the thread that builds it, and another thread's calls run
+        # unbound (measured by bench_serve.py: 1.5x slower per request).
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="picker-engine")
+        self.picker = self.thread.submit(
+            Picker.from_pretrained,
             cfg.picker,
             max_model_len=cfg.max_model_len,
             cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
@@ -498,8 +509,10 @@ class PickerEngine:
             fallback_k=cfg.fallback_k,
             constrained=cfg.constrained,
             name=cfg.picker,
+        ).result()
+        self.batcher = Batcher(
+            self._pick_many, cfg.max_batch_size, cfg.batch_wait_timeout_s, self.thread
         )
-        self.batcher = Batcher(self._pick_many, cfg.max_batch_size, cfg.batch_wait_timeout_s)
 
     def ready(self) -> bool:
         return True
