@@ -108,3 +108,29 @@ def test_interrupted_driver_resumes_without_duplicates(ray_cluster, tmp_path):
     assert len(ids) == len(set(ids)) == 4 and ids[: len(first)] == first
     assert set(read_done(tmp_path / "mined.jsonl")) == set(ids)
     assert "precision vs human" in (tmp_path / "summary.md").read_text()
+
+
+def test_an_unreachable_judge_is_retried_before_a_final_reject(ray_cluster, tmp_path, capsys):
+    """A generator behind HTTP that never answers (a closed port on 127.0.0.1): each example is
+    a transient failure, redone up to the dispatcher's limit, then rejected saying so; a re-run
+    skips the final rejects."""
+    cfg = compose(
+        ["model.backend=http", "model.http.base_url=http://127.0.0.1:9/v1",
+         "model.http.max_retries=0", "judge=rules", "mining.pool.k=4", "mining.rewrites.k=0",
+         "retrieval.chunking.method=none", *_sources(2), f"output_dir={tmp_path}"]
+    )  # fmt: skip
+    examples = load_sources(cfg.data.sources, strict=True)
+    pools = [
+        PoolBuilder(cfg.mining.pool).build(c)
+        for c in Chunker(cfg.retrieval.chunking).chunk_all(examples)
+    ]
+    mine_pools(pools, worker_spec(cfg), tmp_path, num_actors=1, num_cpus=0, num_gpus=0)
+    assert not (tmp_path / "mined.jsonl").read_text()
+    rejects = read_done(tmp_path / "mining_rejects.jsonl")
+    assert sorted(rejects) == sorted(p.example_id for p in pools)
+    for rec in rejects.values():
+        assert "gave up after 3 attempts (last: a transient failure)" in rec["error"]
+        assert "HTTPEngineUnavailable" in rec["error"]  # and what the failure was
+    capsys.readouterr()
+    mine_pools(pools, worker_spec(cfg), tmp_path, num_actors=1, num_cpus=0, num_gpus=0)
+    assert "0 to go" in capsys.readouterr().out

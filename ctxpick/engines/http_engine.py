@@ -44,6 +44,10 @@ class HTTPEngineError(RuntimeError):
     pass
 
 
+class HTTPEngineUnavailable(HTTPEngineError):
+    """Every retry timed out or was refused: worth trying again later, unlike a 4xx."""
+
+
 class HTTPEngine:
     def __init__(self, cfg: HTTPEngineConfig) -> None:
         self.cfg = cfg
@@ -73,7 +77,7 @@ class HTTPEngine:
             if resp.status_code != 200:
                 raise HTTPEngineError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
             return resp.json()
-        raise HTTPEngineError(
+        raise HTTPEngineUnavailable(
             f"{self.url}: gave up after {self.cfg.max_retries + 1} tries ({last})"
         )
 

@@ -1,4 +1,4 @@
-"""A set of engine actors fed batches of prompts, busiest-first, with progress."""
+"""A set of engine actors fed batches of prompts, with progress; dead engines replaced."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 
 from ctxpick.engines.base import Chat, Completion, SamplingConfig
+from ctxpick.engines.dispatch import dispatch
 from ctxpick.engines.vllm_engine import start_engine_actor
 
 Progress = Callable[[int, int, float], None]
@@ -39,10 +41,17 @@ def print_progress(label: str) -> Progress:
 
 
 class EnginePool:
-    def __init__(self, actors: list[ray.actor.ActorHandle]) -> None:
+    """Engine actors fed batches of prompts through :func:`ctxpick.engines.dispatch.dispatch`.
+    With ``start_actor``, a dead engine is replaced and only its batch redone (static weights:
+    generators, judges, evaluated pickers); without it, a death is raised (rollout workers,
+    whose weights only the trainer can restore)."""
+
+    def __init__(
+        self, actors: list[ray.actor.ActorHandle], start_actor: Callable[[], Any] | None = None
+    ) -> None:
         if not actors:
             raise ValueError("EnginePool needs at least one actor")
-        self.actors = actors
+        self.actors, self.start_actor = actors, start_actor
 
     @classmethod
     def start(
@@ -53,16 +62,16 @@ class EnginePool:
         num_cpus: float = 1,
         num_gpus: float = 0,
         wait: bool = True,
+        replace_dead: bool = True,
         **engine_kwargs: object,
     ) -> EnginePool:
-        return cls(
-            [
-                start_engine_actor(
-                    model, num_cpus=num_cpus, num_gpus=num_gpus, wait=wait, **engine_kwargs
-                )
-                for _ in range(num_actors)
-            ]
-        )
+        def start_actor(wait: bool = True) -> ray.actor.ActorHandle:
+            return start_engine_actor(
+                model, num_cpus=num_cpus, num_gpus=num_gpus, wait=wait, **engine_kwargs
+            )
+
+        actors = [start_actor(wait) for _ in range(num_actors)]
+        return cls(actors, start_actor if replace_dead else None)
 
     @classmethod
     def from_config(
@@ -71,6 +80,7 @@ class EnginePool:
         cfg: EngineConfig,
         seed: int = 0,
         wait: bool = True,
+        replace_dead: bool = True,
         **engine_kwargs: object,
     ) -> EnginePool:
         return cls.start(
@@ -79,6 +89,7 @@ class EnginePool:
             num_cpus=cfg.num_cpus_per_actor,
             num_gpus=cfg.num_gpus_per_actor,
             wait=wait,
+            replace_dead=replace_dead,
             max_model_len=cfg.max_model_len,
             cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -103,21 +114,23 @@ class EnginePool:
     ) -> list[list[Completion]]:
         batches = [(i, chats[i : i + batch_size]) for i in range(0, len(chats), batch_size)]
         results: list[list[Completion] | None] = [None] * len(chats)
-        idle = list(self.actors)
-        running: dict[ray.ObjectRef, tuple[int, int, ray.actor.ActorHandle]] = {}
         t0, done = time.time(), 0
-        while batches or running:
-            while batches and idle:
-                start, batch = batches.pop(0)
-                actor = idle.pop()
-                running[actor.generate.remote(batch, sampling)] = (start, len(batch), actor)
-            ready, _ = ray.wait(list(running), num_returns=1)
-            start, n, actor = running.pop(ready[0])
-            results[start : start + n] = ray.get(ready[0])
-            idle.append(actor)
-            done += n
+
+        def store(unit: tuple[int, list[Chat]], outs: list[list[Completion]]) -> None:
+            nonlocal done
+            start, batch = unit
+            results[start : start + len(batch)] = outs
+            done += len(batch)
             if progress:
                 progress(done, len(chats), time.time() - t0)
+
+        self.actors = dispatch(
+            batches,
+            self.actors,
+            lambda actor, unit: actor.generate.remote(unit[1], sampling),
+            store,
+            replace=self.start_actor,
+        )
         return results  # type: ignore[return-value]
 
     def shutdown(self) -> None:

@@ -9,7 +9,6 @@ the output, repairs a torn last line, and mines only the ids that are missing.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,8 @@ import ray
 
 from ctxpick.data.schema import Pool
 from ctxpick.engines.base import Engine, SamplingConfig
-from ctxpick.engines.http_engine import HTTPEngine, HTTPEngineConfig
+from ctxpick.engines.dispatch import dispatch
+from ctxpick.engines.http_engine import HTTPEngine, HTTPEngineConfig, HTTPEngineUnavailable
 from ctxpick.engines.vllm_engine import engine_actor_env
 from ctxpick.jsonl import JsonlWriter, read_done
 from ctxpick.judge.judges import JudgeConfig, make_judge
@@ -64,6 +64,9 @@ class MiningWorker:
         for pool in pools:
             try:
                 out.append(self._mine_one(pool))
+            except HTTPEngineUnavailable as err:  # the driver retries it (ctxpick/engines/dispatch)
+                error = f"{type(err).__name__}: {err}"
+                out.append({"id": pool.example_id, "error": error, "transient": True})
             except Exception as err:  # a bad example must not take the others down
                 out.append({"id": pool.example_id, "error": f"{type(err).__name__}: {err}"})
         return out
@@ -173,12 +176,10 @@ def mine_pools(
     out_dir.mkdir(parents=True, exist_ok=True)
     mined_path, rejects_path = out_dir / "mined.jsonl", out_dir / "mining_rejects.jsonl"
     done = read_done(mined_path) | read_done(rejects_path)
-    queue = deque(
-        p for p in dict((p.example_id, p) for p in pools).values() if p.example_id not in done
-    )
-    progress = Progress(total=len(queue), t0=time.time())
-    print(f"  {len(done)} examples already mined, {len(queue)} to go", flush=True)
-    if not queue:
+    todo = [p for p in dict((p.example_id, p) for p in pools).values() if p.example_id not in done]
+    progress = Progress(total=len(todo), t0=time.time())
+    print(f"  {len(done)} examples already mined, {len(todo)} to go", flush=True)
+    if not todo:
         return read_done(mined_path)
 
     options = {
@@ -188,50 +189,56 @@ def mine_pools(
         "runtime_env": {"env_vars": engine_actor_env(num_cpus, num_gpus)},
         "max_restarts": 0,  # the driver replaces dead actors and redoes their examples
     }
-    generation = 0
+    started: list[ray.actor.ActorHandle] = []
 
     def start_actor() -> ray.actor.ActorHandle:
-        nonlocal generation
-        generation += 1
-        named = ray.remote(MiningWorker).options(name=f"ctxpick-miner-{generation}", **options)
-        return named.remote(spec)
+        named = ray.remote(MiningWorker).options(
+            name=f"ctxpick-miner-{len(started) + 1}", **options
+        )
+        started.append(named.remote(spec))
+        return started[-1]
 
-    idle = [start_actor() for _ in range(min(num_actors, len(queue)))]
-    inflight: dict[ray.ObjectRef, tuple[ray.actor.ActorHandle, list[Pool]]] = {}
+    actors = [start_actor() for _ in range(min(num_actors, len(todo)))]
+    units = [todo[i : i + examples_per_task] for i in range(0, len(todo), examples_per_task)]
     mined, rejects = JsonlWriter(mined_path), JsonlWriter(rejects_path)
-    try:
-        while queue or inflight:
-            while queue and idle:
-                batch = [queue.popleft() for _ in range(min(examples_per_task, len(queue)))]
-                actor = idle.pop()
-                inflight[actor.mine.remote(batch)] = (actor, batch)
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            actor, batch = inflight.pop(ready[0])
-            try:
-                records = ray.get(ready[0])
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
-                print(
-                    f"  actor died ({type(err).__name__}); replacing it, redoing "
-                    f"{len(batch)} example(s)",
-                    flush=True,
-                )
-                progress.replaced += 1
-                queue.extendleft(reversed(batch))
-                idle.append(start_actor())
+    last_error: dict[str, str] = {}  # the transient failure an example is being redone for
+
+    def record(batch: list[Pool], records: list[dict[str, Any]]) -> list[Pool] | None:
+        """Write finished records; return the pools whose failure was transient, to redo."""
+        redo = {r["id"] for r in records if r.get("transient")}
+        last_error.update((r["id"], r["error"]) for r in records if r.get("transient"))
+        for rec in records:
+            if rec["id"] in done or rec["id"] in redo:
                 continue
-            idle.append(actor)
-            for rec in records:
-                if rec["id"] in done:
-                    continue
-                (rejects if "error" in rec else mined).write(rec)
-                done[rec["id"]] = rec
-                progress.add(rec)
-            print(progress.line(), flush=True)
-            if on_progress:
-                on_progress(progress.metrics())
+            (rejects if "error" in rec else mined).write(rec)
+            done[rec["id"]] = rec
+            progress.add(rec)
+        print(progress.line(), flush=True)
+        if on_progress:
+            on_progress(progress.metrics())
+        return [p for p in batch if p.example_id in redo] or None
+
+    def poison(batch: list[Pool], why: str) -> None:
+        for pool in batch:
+            last = last_error.get(pool.example_id)
+            record([pool], [{"id": pool.example_id, "error": f"{why}: {last}" if last else why}])
+
+    def replace() -> ray.actor.ActorHandle:
+        progress.replaced += 1
+        return start_actor()
+
+    try:
+        dispatch(
+            units,
+            actors,
+            lambda actor, batch: actor.mine.remote(batch),
+            record,
+            replace=replace,
+            on_poison=poison,
+        )
     finally:
         mined.close()
         rejects.close()
-        for actor in idle + [a for a, _ in inflight.values()]:
+        for actor in started:
             ray.kill(actor)
     return read_done(mined_path)

@@ -101,6 +101,7 @@ class Run:
             rl.rollout,
             cfg.seed,
             wait=False,
+            replace_dead=False,  # a replacement would lack the synced weights: train() restarts
             logprobs_mode="processed_logprobs",
             weight_transfer=self.transfer,
         )
