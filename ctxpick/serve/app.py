@@ -1,10 +1,10 @@
 """``ctxpick serve``: a trained picker as a Ray Serve application.
 
 Two deployments: ``PickerEngine`` replicas each hold one vLLM engine and batch concurrent
-requests into one engine call (``serve.batch``); the ``Api`` ingress (FastAPI) checks
+requests into one engine call (:class:`Batcher`); the ``Api`` ingress (FastAPI) checks
 limits and the bearer token, calls an engine replica, writes the audit trail and the
 Prometheus metrics. Routes are module functions over one per-process :class:`Service`, so
-the OpenAPI schema is built without Ray (``ctxpick serve-openapi``; checked in as
+the OpenAPI schema is built without Ray (``ctxpick openapi``; checked in as
 ``docs/openapi.json``).
 """
 
