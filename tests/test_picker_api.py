@@ -72,3 +72,9 @@ def test_bad_candidates_are_refused_naming_the_passage(bad, message):
         picker("unused").pick("q", bad)
     with pytest.raises(ValueError, match="fallback"):
         picker(fallback="none")
+
+
+def test_a_candidate_without_an_id_is_known_by_its_position():
+    # as an HTTP body's passage arrives: {"id": null, ...}
+    sel = picker("<rationale>r</rationale><ids>[1]</ids>").pick("q", [{"id": None, "text": "a"}])
+    assert sel.ids == [0]

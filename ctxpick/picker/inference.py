@@ -77,8 +77,10 @@ def apply_budget(
     return kept, False
 
 
-def _caller_id(candidate: Candidate, index: int) -> str | int:
-    return index if isinstance(candidate, str) else candidate.get("id", index)
+def caller_id(candidate: Candidate, index: int) -> str | int:
+    """A candidate's id as its caller knows it: its own, else its 0-based position."""
+    own = None if isinstance(candidate, str) else candidate.get("id")
+    return index if own is None else own
 
 
 def as_passages(candidates: Sequence[Candidate]) -> list[Passage]:
@@ -95,8 +97,7 @@ def as_passages(candidates: Sequence[Candidate]) -> list[Passage]:
         title = c.get("title") or ""
         if not isinstance(title, str):
             raise ValueError(f"passages[{i}].title: expected a string")
-        pid = c.get("id", i)
-        out.append(Passage(str(pid), i, 0, len(c["text"]), c["text"], title))
+        out.append(Passage(str(caller_id(c, i)), i, 0, len(c["text"]), c["text"], title))
     return out
 
 
@@ -202,10 +203,7 @@ class Picker:
             kept, cut = apply_budget(chosen, budget, lambda p, n=sizes: n[p.doc_index])
             out.append(
                 Selection(
-                    ids=[
-                        p.pid if not isinstance(cands[p.doc_index], str) else p.doc_index
-                        for p in kept
-                    ],
+                    ids=[caller_id(cands[p.doc_index], p.doc_index) for p in kept],
                     indices=[p.doc_index for p in kept],
                     passages=[cands[p.doc_index] for p in kept],
                     rationale=res.rationale,

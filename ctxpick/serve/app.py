@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 
 from ctxpick.engines.prompts import format_passages
 from ctxpick.engines.vllm_engine import engine_actor_env
-from ctxpick.picker.inference import Picker, Selection, as_passages, resolve_picker
+from ctxpick.picker.inference import Picker, Selection, as_passages, caller_id, resolve_picker
 from ctxpick.picker.spec import PickerSpec
 from ctxpick.serve.settings import ServeConfig
 
@@ -210,7 +210,8 @@ class Service:
                 f"{len(candidates)} passages exceed {lim.max_passages}",
                 "serve.limits.max_passages",
             )
-        size = len(question.encode()) + sum(len(p.text.encode()) for p in as_passages(candidates))
+        passages = as_passages(candidates)
+        size = len(question.encode()) + sum(len(p.text.encode()) for p in passages)
         if size > lim.max_request_bytes:
             raise ApiError(
                 413,
@@ -220,7 +221,7 @@ class Service:
             )
         tokens = sum(
             len(self.tokenizer.encode(format_passages([p]), add_special_tokens=False))
-            for p in as_passages(candidates)
+            for p in passages
         )
         if tokens > lim.max_tokens_in:
             raise ApiError(
@@ -268,10 +269,7 @@ class Service:
             "endpoint": endpoint,
             "model": self.model,
             "prompt_version": self.version,
-            "candidate_ids": [
-                c["id"] if isinstance(c, dict) and c.get("id") is not None else i
-                for i, c in enumerate(candidates)
-            ],
+            "candidate_ids": [caller_id(c, i) for i, c in enumerate(candidates)],
             "picked_ids": sel.ids,
             "rationale": sel.rationale,
             "tokens_in": sel.tokens_in,
