@@ -40,9 +40,13 @@ def _hydra_app(name: str, task: Callable[[Config], object], overrides: list[str]
 
         try:
             cfg = validate(raw)
-            if HydraConfig.get().mode == RunMode.MULTIRUN:
-                # Each sweep job writes to its own folder under the sweep directory.
-                cfg.output_dir = HydraConfig.get().runtime.output_dir
+            hydra = HydraConfig.get()
+            if hydra.mode == RunMode.MULTIRUN:
+                # Each sweep job writes to its own folder under the sweep directory, and is
+                # a W&B run in the sweep's group.
+                cfg.output_dir = hydra.runtime.output_dir
+                cfg.wandb.group = cfg.wandb.group or os.path.basename(hydra.sweep.dir)
+                cfg.wandb.overrides = list(hydra.overrides.task)
             task(cfg)
         except ConfigError as err:
             sys.exit(f"ctxpick {name}: {err}")

@@ -257,6 +257,9 @@ class RLConfig:
     prompts_per_step: int = 4  # prompts per step; a step trains on prompts x group_size samples
     rollout: EngineConfig = field(default_factory=EngineConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    # The stage's placement group (rollout workers, then learners, one bundle each):
+    # PACK keeps them together, SPREAD puts them on different nodes.
+    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     save_every: int = 10
     keep_checkpoints: int = 1
     # a dead learner or rollout actor: restart the actors from the last checkpoint, this often
@@ -272,6 +275,8 @@ class RLConfig:
     def __post_init__(self) -> None:
         if self.pool_order not in ("pool", "shuffle"):
             raise ValueError(f"rl.pool_order must be pool or shuffle, not {self.pool_order!r}")
+        if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise ValueError(f"unknown rl.placement_strategy {self.placement_strategy!r}")
         if min(self.prompts_per_step, self.save_every, self.val_every, self.keep_checkpoints) < 1:
             raise ValueError(
                 "rl needs prompts_per_step, save_every, keep_checkpoints, val_every >= 1"
@@ -323,6 +328,10 @@ class RayConfig:
 class WandbConfig:
     mode: str = "offline"
     project: str = "ctxpick"
+    # A multirun sets these for each point: the sweep folder's name (one group per sweep)
+    # and the point's overrides (in the run's config).
+    group: str = ""
+    overrides: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.mode not in ("offline", "online", "disabled"):

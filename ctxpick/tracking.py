@@ -77,6 +77,17 @@ class Tracker:
             config={**config, "git_commit": git_commit()},
         )
 
+    @classmethod
+    def for_job(cls, cfg: Any, run_dir: str | Path, name: str) -> Tracker:
+        """The run of a job with the ctxpick config ``cfg``: its ``wandb`` settings, the whole
+        config as the run's config; a sweep's points share its group, each named by its job
+        folder (the ``job`` column of ``sweep.md``)."""
+        from dataclasses import asdict
+
+        wb = cfg.wandb
+        label = f"{name} {Path(run_dir).name}" if wb.group else name
+        return cls(wb.project, wb.mode, str(run_dir), label, asdict(cfg), wb.group or None)
+
     def log(
         self,
         metrics: dict[str, Any],

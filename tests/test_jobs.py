@@ -1,7 +1,7 @@
 """`ray job submit` end to end (slow): a real multi-process two-node Ray cluster on
 127.0.0.1 (a head and a worker node), jobs submitted through the Jobs API with the repository
 as working dir, a stage stopped mid-run (SIGTERM -> checkpoint -> exit) and resubmitted to
-resume at the step it stopped, and a mining job."""
+resume at the step it stopped, a mining job, and a sweep whose points train concurrently."""
 
 import json
 import os
@@ -116,9 +116,9 @@ def mined(tmp_path_factory):
     return path
 
 
-def _stage(out, mined, steps):
+def _stage(out, mined, steps, stage="warmup"):
     return [
-        "stage=warmup", f"stage.max_steps={steps}", "rl.save_every=100", f"rl.mined={mined}",
+        f"stage={stage}", f"stage.max_steps={steps}", "rl.save_every=100", f"rl.mined={mined}",
         f"output_dir={out}", "picker.model=smollm2-135m", "picker.max_passages=4",
         "picker.max_passage_words=25", "picker.max_tokens=40", "rl.prompts_per_step=2",
         "rl.rollout.max_model_len=2048", "rl.rollout.cpu_kv_cache_gb=1", "rl.val_every=100",
@@ -162,3 +162,48 @@ def test_mining_job_succeeds_on_the_cluster(jobs, tmp_path):
     done = [json.loads(line)["id"] for line in (out / "mined.jsonl").read_text().splitlines()]
     rejected = (out / "mining_rejects.jsonl").read_text().splitlines()
     assert len(set(done)) == len(done) and len(done) + len(rejected) == 3
+
+
+def test_a_sweep_trains_its_points_concurrently_each_in_its_own_placement_group(
+    jobs, mined, tmp_path
+):
+    """`jobs/sweep.py` over two redundancy margins: both Stage II points hold their own
+    placement group (a rollout worker and a learner bundle, from config) at the same time,
+    each is a W&B run in the sweep's group with its overrides, and sweep.md compares them."""
+    from ray.util.state import list_placement_groups
+
+    sweep = tmp_path / "sweep"
+    job = _submit(
+        jobs, "sweep", *_stage(tmp_path / "unused", mined, 2, stage="stage2"),
+        "stage.init_from=null", "stage.group_size=4", "stage.redundancy_margin=0,1",
+        f"hydra.sweep.dir={sweep}", "wandb.mode=offline",
+    )  # fmt: skip
+    most_at_once, groups = 0, {}
+    while str(jobs.get_job_status(job)).split(".")[-1] not in TERMINAL:
+        live = [
+            pg
+            for pg in list_placement_groups(jobs.get_address(), detail=True)
+            if pg.name.startswith("ctxpick-stage2-") and pg.state == "CREATED"
+        ]
+        groups |= {pg.name: len(pg.bundles) for pg in live}
+        most_at_once = max(most_at_once, len(live))
+        time.sleep(1)
+    logs = jobs.get_job_logs(job)
+    assert str(jobs.get_job_status(job)).endswith("SUCCEEDED"), logs[-3000:]
+    assert most_at_once == 2 and len(groups) == 2, (groups, logs[-3000:])
+    assert set(groups.values()) == {2}  # rollout worker + learner, as configured
+    assert "Launching 2 jobs on Ray" in logs
+    points = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in points] == ["0", "1"]
+    for point, margin in zip(points, (0, 1), strict=True):
+        assert json.loads((point / "result.json").read_text())["step"] == 2
+        assert (point / "final" / "picker.json").exists()
+        [record] = (point / "wandb").glob("offline-run-*/run-*.wandb")
+        config = record.read_bytes()  # the run's config, as JSON values
+        assert f'"group":"{sweep.name}"'.encode() in config
+        assert f'"stage.redundancy_margin={margin}"'.encode() in config
+    rows = (sweep / "sweep.md").read_text().splitlines()[2:]
+    assert [row.split("|")[2].strip() for row in rows] == [
+        "stage.redundancy_margin=0",
+        "stage.redundancy_margin=1",
+    ]  # the overrides the points share are left out

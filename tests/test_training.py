@@ -77,6 +77,12 @@ def _checksum(folder):
     )
 
 
+def _drop_checkpoints(*folders):
+    """The module's folders outlive each test: free the optimizer state (GBs) once it is used."""
+    for folder in folders:
+        shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+
+
 def _steps(folder):
     return {
         r["step"]: r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
@@ -102,11 +108,10 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
     assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
     for resume_at in (1, 2):
         folder = root / f"resumed{resume_at}"
-        shutil.copytree(ref.parent, folder, symlinks=True)
-        shutil.rmtree(folder / "final")
-        for s in (1, 2, 3):
-            if s != resume_at:
-                shutil.rmtree(folder / "checkpoints" / f"step{s}")
+        kept = f"checkpoints/step{resume_at}"
+        ignore = shutil.ignore_patterns("final", "checkpoints")
+        shutil.copytree(ref.parent, folder, symlinks=True, ignore=ignore)
+        shutil.copytree(ref.parent / kept, folder / kept, symlinks=True)
         (folder / "checkpoints" / "latest").write_text(f"step{resume_at}")
         with (folder / "metrics.jsonl").open("a") as fh:
             fh.write('{"step": 4, "reward": 0.')  # torn by a crash mid-write
@@ -131,6 +136,8 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
         run_id = (folder / "wandb_run_id").read_text().strip()
         assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
         assert b"git_commit" in (runs[-1] / f"run-{run_id}.wandb").read_bytes()
+        _drop_checkpoints(folder)
+    _drop_checkpoints(ref.parent)
     # The trained folder carries the prompt it was trained with: inference asks with the
     # byte-identical chat the rollouts used.
     from ctxpick.config import picker_spec
@@ -158,8 +165,8 @@ def test_a_dead_actor_mid_stage_restarts_from_the_checkpoint_with_the_same_resul
 
     name = f"killed_{kind}"
     cfg = tiny(
-        root, name, "stage.max_steps=3", "rl.save_every=1", "rl.keep_checkpoints=3",
-        "rl.val_every=100", "rl.max_restarts=1",
+        root, name, "stage.max_steps=3", "rl.save_every=1", "rl.val_every=100",
+        "rl.max_restarts=1",
     )  # fmt: skip
     victim = Run(cfg)  # fresh actors, like the reference's
     target = victim.learners.actors[0] if kind == "learner" else victim.engines.actors[0]
@@ -176,6 +183,7 @@ def test_a_dead_actor_mid_stage_restarts_from_the_checkpoint_with_the_same_resul
     assert sorted(steps) == [1, 2, 3]
     assert [steps[s]["batch"] for s in (1, 2, 3)] == [ref[s]["batch"] for s in (1, 2, 3)]
     assert _checksum(final) == pytest.approx(_checksum(root / "ref" / "final"), rel=1e-6)
+    _drop_checkpoints(root / name)
 
 
 def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):

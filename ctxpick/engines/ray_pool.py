@@ -6,9 +6,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ctxpick.engines.base import Chat, Completion, SamplingConfig
 from ctxpick.engines.dispatch import dispatch
@@ -30,6 +32,40 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.num_actors < 1 or self.batch_size < 1 or self.max_model_len < 256:
             raise ValueError("engine needs num_actors >= 1, batch_size >= 1, max_model_len >= 256")
+
+
+Placement = tuple[PlacementGroup, int]  # a placement group and the first bundle to use
+
+
+class ActorPoolConfig(Protocol):
+    num_actors: int
+    num_cpus_per_actor: float
+    num_gpus_per_actor: float
+
+
+def actor_bundles(pool: ActorPoolConfig) -> list[dict[str, float]]:
+    """One placement-group bundle per actor of an engine or learner pool config."""
+    gpus = {"GPU": pool.num_gpus_per_actor} if pool.num_gpus_per_actor else {}
+    return [{"CPU": pool.num_cpus_per_actor, **gpus}] * pool.num_actors
+
+
+def reserve(bundles: list[dict[str, float]], strategy: str, name: str) -> PlacementGroup:
+    """A placement group of ``bundles``, once the cluster has room for all of them; says
+    what it is waiting for meanwhile (a sweep's points queue here for a busy cluster)."""
+    pg = placement_group(bundles, strategy=strategy, name=name)
+    t0 = time.time()
+    while not ray.wait([pg.ready()], timeout=30)[0]:
+        print(f"[{name}] waiting {time.time() - t0:.0f} s for {bundles} ({strategy})", flush=True)
+    return pg
+
+
+def in_bundle(placement: Placement | None, offset: int) -> PlacementGroupSchedulingStrategy | None:
+    if placement is None:
+        return None
+    pg, first = placement
+    return PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=first + offset
+    )
 
 
 def print_progress(label: str) -> Progress:
@@ -63,14 +99,25 @@ class EnginePool:
         num_gpus: float = 0,
         wait: bool = True,
         replace_dead: bool = True,
+        placement: Placement | None = None,
         **engine_kwargs: object,
     ) -> EnginePool:
-        def start_actor(wait: bool = True) -> ray.actor.ActorHandle:
+        """Engine ``i`` goes to bundle ``first + i`` of a ``placement``; only pools outside a
+        placement group replace their dead (Ray places the replacement)."""
+
+        def start_actor(wait: bool = True, offset: int = 0) -> ray.actor.ActorHandle:
             return start_engine_actor(
-                model, num_cpus=num_cpus, num_gpus=num_gpus, wait=wait, **engine_kwargs
+                model,
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                wait=wait,
+                scheduling_strategy=in_bundle(placement, offset),
+                **engine_kwargs,
             )
 
-        actors = [start_actor(wait) for _ in range(num_actors)]
+        if placement is not None and replace_dead:
+            raise ValueError("engines in a placement group are not replaced: replace_dead=False")
+        actors = [start_actor(wait, i) for i in range(num_actors)]
         return cls(actors, start_actor if replace_dead else None)
 
     @classmethod
@@ -81,6 +128,7 @@ class EnginePool:
         seed: int = 0,
         wait: bool = True,
         replace_dead: bool = True,
+        placement: Placement | None = None,
         **engine_kwargs: object,
     ) -> EnginePool:
         return cls.start(
@@ -90,6 +138,7 @@ class EnginePool:
             num_gpus=cfg.num_gpus_per_actor,
             wait=wait,
             replace_dead=replace_dead,
+            placement=placement,
             max_model_len=cfg.max_model_len,
             cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
             gpu_memory_utilization=cfg.gpu_memory_utilization,

@@ -189,15 +189,23 @@ def engine_actor_env(num_cpus: float, num_gpus: float) -> dict[str, str]:
 
 
 def start_engine_actor(
-    model: str, *, num_cpus: float = 1, num_gpus: float = 0, wait: bool = True, **engine_kwargs: Any
+    model: str,
+    *,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    wait: bool = True,
+    scheduling_strategy: Any = None,
+    **engine_kwargs: Any,
 ) -> ray.actor.ActorHandle:
-    """Start a :class:`VLLMEngine` in a Ray actor; with ``wait``, return once it is loaded
-    (otherwise the first call waits, and other actors can load meanwhile)."""
+    """Start a :class:`VLLMEngine` in a Ray actor (in a placement group's bundle with a
+    ``scheduling_strategy``); with ``wait``, return once it is loaded (otherwise the first
+    call waits, and other actors can load meanwhile)."""
     actor = (
         ray.remote(VLLMEngine)
         .options(
             num_cpus=num_cpus,
             num_gpus=num_gpus,
+            scheduling_strategy=scheduling_strategy,
             runtime_env={"env_vars": engine_actor_env(num_cpus, num_gpus)},
         )
         .remote(model, **engine_kwargs)

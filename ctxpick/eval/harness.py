@@ -244,7 +244,7 @@ def run_eval(cfg: Config) -> Path:
     )
     plots = plot_accuracy_vs_tokens(results, out)
     (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
-    tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), "eval", asdict(cfg))
+    tracker = Tracker.for_job(cfg, out, "eval")
     for path in cfg.eval.pickers.values():
         tracker.use_artifact(path, "model")
     columns = [f.name for f in fields(MethodResult)]

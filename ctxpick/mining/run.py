@@ -114,7 +114,7 @@ def run_mining(cfg: Config) -> dict[str, dict[str, Any]]:
     builder = PoolBuilder(cfg.mining.pool)
     pools = in_turn([builder.build(c) for c in chunked], cfg.mining.max_questions)
 
-    tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), "mine", asdict(cfg))
+    tracker = Tracker.for_job(cfg, out, "mine")
     if cfg.mining.miner == "human":
         print(f"[2/3] the datasets' own evidence as the sets of {len(pools)} questions", flush=True)
         records = write_human_gold(pools, out / "mined.jsonl", cfg)

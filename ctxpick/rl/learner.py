@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ctxpick.engines.ray_pool import Placement, actor_bundles, in_bundle, reserve
 from ctxpick.rl.grpo import GRPOConfig
 
 TOKENIZER_FILES = (
@@ -33,7 +32,6 @@ class LearnerConfig:
     num_actors: int = 1
     num_cpus_per_actor: float = 1
     num_gpus_per_actor: float = 0
-    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     zero_stage: int = 0
     weight_decay: float = 0.0
     warmup_steps: int = 0
@@ -62,8 +60,6 @@ class LearnerConfig:
             raise ValueError("learner needs num_actors >= 1 and micro_batch_size >= 1")
         if self.lora_rank < 0 or (self.lora_rank and self.zero_stage == 3):
             raise ValueError("lora_rank must be >= 0, and LoRA is not combined with ZeRO-3")
-        if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
-            raise ValueError(f"unknown placement_strategy {self.placement_strategy!r}")
 
     def deepspeed_config(self, world_size: int) -> dict[str, Any]:
         return {
@@ -443,14 +439,20 @@ def get_all(refs: list[ray.ObjectRef]) -> list[Any]:
 
 
 class LearnerGroup:
-    """Data-parallel learners placed by a placement group; every call goes to all ranks."""
+    """Data-parallel learners placed by a placement group (a stage's, or their own); every
+    call goes to all ranks."""
 
-    def __init__(self, cfg: LearnerConfig, lr: float, init_from: str | None = None) -> None:
-        bundle = {"CPU": cfg.num_cpus_per_actor}
-        if cfg.num_gpus_per_actor:
-            bundle["GPU"] = cfg.num_gpus_per_actor
-        self.pg = placement_group([bundle] * cfg.num_actors, strategy=cfg.placement_strategy)
-        ray.get(self.pg.ready())
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        lr: float,
+        init_from: str | None = None,
+        placement: Placement | None = None,
+    ) -> None:
+        self.owned_pg = None
+        if placement is None:
+            self.owned_pg = reserve(actor_bundles(cfg), "PACK", "ctxpick-learners")
+            placement = (self.owned_pg, 0)
         env = (
             {}
             if cfg.num_gpus_per_actor
@@ -461,9 +463,7 @@ class LearnerGroup:
             .options(
                 num_cpus=cfg.num_cpus_per_actor,
                 num_gpus=cfg.num_gpus_per_actor,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=rank
-                ),
+                scheduling_strategy=in_bundle(placement, rank),
                 runtime_env={"env_vars": env},
             )
             .remote(cfg, lr, rank, cfg.num_actors)
@@ -516,4 +516,5 @@ class LearnerGroup:
     def shutdown(self) -> None:
         for a in self.actors:
             ray.kill(a)
-        ray.util.remove_placement_group(self.pg)
+        if self.owned_pg is not None:
+            ray.util.remove_placement_group(self.owned_pg)

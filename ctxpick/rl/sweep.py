@@ -16,16 +16,21 @@ VAL_KEYS = ("val/reward", "val/coverage", "val/mean_size", "val/format_valid")
 
 
 def sweep_table(sweep_dir: Path) -> str | None:
+    """One row per finished job; the overrides column shows what sets it apart (the overrides
+    every job shares are left out)."""
+    jobs = sorted(sweep_dir.glob("*/result.json"), key=lambda p: p.parent.name)
+    overrides = [
+        yaml.safe_load((r.parent / ".hydra" / "overrides.yaml").read_text()) or [] for r in jobs
+    ]
+    shared = set.intersection(*map(set, overrides)) if len(jobs) > 1 else set()
     rows = []
-    for result in sorted(sweep_dir.glob("*/result.json"), key=lambda p: p.parent.name):
-        job = result.parent
-        overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []
+    for result, job_overrides in zip(jobs, overrides, strict=True):
         state = json.loads(result.read_text())
         last = state["val_history"][-1] if state["val_history"] else {}
         rows.append(
             [
-                job.name,
-                " ".join(o for o in overrides if not o.startswith(("rl.mined", "stage.init_from"))),
+                result.parent.name,
+                " ".join(o for o in job_overrides if o not in shared),
                 str(state["step"]),
                 *(f"{last[k]:.3f}" if k in last else "n/a" for k in VAL_KEYS),
                 state["stop_reason"] or "max_steps",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import secrets
 import shutil
 import signal
 import sys
@@ -23,12 +24,13 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+import ray
 import torch
 from ray.exceptions import RayActorError
 
 from ctxpick.config import Config, ConfigError, picker_spec, reward_spec
 from ctxpick.engines.base import SamplingConfig
-from ctxpick.engines.ray_pool import EnginePool, init_ray
+from ctxpick.engines.ray_pool import EnginePool, actor_bundles, init_ray, reserve
 from ctxpick.engines.vllm_engine import chat_prompt_ids
 from ctxpick.picker.diagnostics import PickRecord, diagnose
 from ctxpick.picker.examples import PickerExample, load_picker_examples, warm_start_pick
@@ -94,6 +96,15 @@ class Run:
         model = stage.init_from or cfg.picker.model
         if stage.init_from and not (Path(stage.init_from) / "config.json").exists():
             raise ConfigError(f"stage.init_from={stage.init_from} is not a model folder")
+        # One placement group for the rollout workers and the learners, reserved at once:
+        # stages sharing a cluster (a sweep's points) queue whole instead of each holding
+        # part of what it needs.
+        engine_bundles = actor_bundles(rl.rollout)
+        self.pg = reserve(
+            engine_bundles + actor_bundles(rl.learner),
+            rl.placement_strategy,
+            f"ctxpick-{stage.name}-{secrets.token_hex(3)}",
+        )
         # Engines load while the learners initialise.
         self.transfer = rl.transfer_mode()
         self.engines = EnginePool.from_config(
@@ -102,10 +113,13 @@ class Run:
             cfg.seed,
             wait=False,
             replace_dead=False,  # a replacement would lack the synced weights: train() restarts
+            placement=(self.pg, 0),
             logprobs_mode="processed_logprobs",
             weight_transfer=self.transfer,
         )
-        self.learners = LearnerGroup(rl.learner, stage.lr, init_from=stage.init_from)
+        self.learners = LearnerGroup(
+            rl.learner, stage.lr, stage.init_from, placement=(self.pg, len(engine_bundles))
+        )
         self.engines.ready()
         if self.transfer != "object_store":
             self.learners.connect_engines(self.transfer, self.engines.actors)
@@ -128,6 +142,7 @@ class Run:
         self.engines.shutdown()
         self.learners.shutdown()
         self.rewards.shutdown()
+        ray.util.remove_placement_group(self.pg)
 
 
 def _sampling(cfg: Config, step: int, greedy: bool = False) -> SamplingConfig:
@@ -243,7 +258,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     run = run or Run(cfg)
     run.cfg = cfg  # reused actors serve this stage's prompts, sampling and reward
     state = _resume(run, out)
-    tracker = Tracker(cfg.wandb.project, cfg.wandb.mode, str(out), stage.name, asdict(cfg))
+    tracker = Tracker.for_job(cfg, out, stage.name)
     tracker.use_artifact(rl.mined, "dataset")
     if stage.init_from:
         tracker.use_artifact(stage.init_from, "model")

@@ -1,0 +1,1 @@
+"""Hydra finds ctxpick's Ray launcher here (plugins live in the hydra_plugins namespace)."""
