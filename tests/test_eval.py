@@ -95,6 +95,21 @@ def test_each_baseline_selects_from_real_samples(tmp_path):
         assert {p.pid for p in sel["oracle"][i].passages} == gold and gold
 
 
+def test_a_picker_recorded_for_every_question_does_not_run_again(tmp_path):
+    """Re-running an evaluation must not redo a picker's inference when every question has its
+    record: the picker is not even loaded (this folder holds no model)."""
+    from ctxpick.config import ConfigError
+
+    cfg = _cfg(tmp_path)
+    cfg.eval.methods = ["none", "picker"]
+    cfg.eval.pickers = {"gone": str(tmp_path / "deleted_model")}
+    items = retrieve(cfg)
+    sel = select(cfg, items, recorded=lambda label: label == "picker:gone")
+    assert len(sel["picker:gone"]) == len(items) and len(sel["none"]) == len(items)
+    with pytest.raises(ConfigError, match="not a model folder"):
+        select(cfg, items)  # not recorded: the picker would run
+
+
 def test_config_refuses_unknown_methods(tmp_path):
     from ctxpick.config import ConfigError
 

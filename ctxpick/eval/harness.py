@@ -80,9 +80,13 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
     return out
 
 
-def select(cfg: Config, items: list[M.Retrieved]) -> dict[str, list[M.Selection]]:
+def select(
+    cfg: Config, items: list[M.Retrieved], recorded: Callable[[str], bool] = lambda label: False
+) -> dict[str, list[M.Selection]]:
     """Every method's selection for every question (``passages=None`` where a method does not
-    apply to the question's dataset or the question has no gold evidence)."""
+    apply to the question's dataset or the question has no gold evidence). A picker whose
+    answers are ``recorded`` for every question does not run again: an empty selection stands
+    in for each, and the report reads the records."""
     out: dict[str, list[M.Selection]] = {}
     for label in all_labels(cfg, items):
         if label.startswith("picker:"):
@@ -95,7 +99,8 @@ def select(cfg: Config, items: list[M.Retrieved]) -> dict[str, list[M.Selection]
             rows.append(M.Selection(chosen, time.time() - t0))
         out[label] = rows
     for name, path in cfg.eval.pickers.items():
-        out[f"picker:{name}"] = _pick(cfg, path, items)
+        label = f"picker:{name}"
+        out[label] = [M.Selection([])] * len(items) if recorded(label) else _pick(cfg, path, items)
     return out
 
 
@@ -185,8 +190,18 @@ def run_eval(cfg: Config) -> Path:
     print(f"[1/4] loading, chunking and retrieving ({', '.join(cfg.eval.methods)})", flush=True)
     init_ray(cfg.ray.address, cfg.ray.num_cpus)
     items = retrieve(cfg)
+    records_path = out / "examples.jsonl"
+    # A re-run skips the (question, method) pairs written by the same settings; rows written
+    # under other settings (another picker, prompt, budget, generator) stay in the file but
+    # are never reported.
+    prints = {label: fingerprint(cfg, label) for label in all_labels(cfg, items)}
+    done = read_done(records_path)
+
+    def recorded(label: str) -> bool:
+        return all(_record_id(r.item.example.id, label, prints[label]) in done for r in items)
+
     print(f"[2/4] selecting: {len(items)} questions", flush=True)
-    selections = select(cfg, items)
+    selections = select(cfg, items, recorded)
 
     from transformers import AutoTokenizer
 
@@ -197,12 +212,6 @@ def run_eval(cfg: Config) -> Path:
         return len(tokenizer.encode(format_passages([p]), add_special_tokens=False))
 
     print(f"[3/4] generating with {cfg.model.name} and judging ({cfg.judge.mode})", flush=True)
-    records_path = out / "examples.jsonl"
-    # A re-run skips the (question, method) pairs written by the same settings; rows written
-    # under other settings (another picker, prompt, budget, generator) stay in the file but
-    # are never reported.
-    prints = {label: fingerprint(cfg, label) for label in selections}
-    done = read_done(records_path)
     writer = JsonlWriter(records_path)
     engines = EnginePool.from_config(cfg.model.name, cfg.model.engine, cfg.seed)
     answer = _Answerer(cfg, engines, count)
