@@ -25,7 +25,7 @@ def _load(path):
 def test_every_config_is_covered():
     assert {p.name for p in RAY_UP} == {"onprem.yaml", "aws-gpu.yaml"}
     kinds = sorted(_load(p)["kind"] for p in KUBERAY)
-    assert kinds == ["PersistentVolumeClaim", "RayCluster", "RayJob", "RayJob", "RayJob"]
+    assert kinds == ["PersistentVolumeClaim", "RayCluster", *["RayJob"] * 4]
     assert (CLUSTER / "Dockerfile").is_file()
 
 
@@ -92,12 +92,33 @@ def test_kuberay_manifest(path):
         _check_entrypoint(doc["spec"]["entrypoint"], spec, gpus)
 
 
+def _points(overrides):
+    """The override lists of a sweep's points (one list for a single job); Hydra's own parser
+    and sweeper expand the sweeps."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    [points] = BasicSweeper.split_arguments(parsed, None)
+    return points
+
+
 def _check_entrypoint(entrypoint, spec, gpus):
-    """The job script exists, ctxpick accepts its overrides, and its actors fit the pods."""
+    """The job script exists, ctxpick accepts its overrides (every point of a sweep), and its
+    actors fit the pods."""
     words = shlex.split(entrypoint)
     assert words[0] == "python" and (REPO / words[1]).is_file(), entrypoint
     command = Path(words[1]).stem
-    cfg = compose(words[2:])
+    hydra = dict(w.split("=", 1) for w in words[2:] if w.startswith("hydra."))
+    points = _points([w for w in words[2:] if not w.startswith("hydra.")])
+    assert (len(points) > 1) == (command == "sweep"), entrypoint
+    if command == "sweep":  # each point's folder is under the sweep folder, on the volume
+        assert hydra["hydra.sweep.dir"].startswith("/shared/")
+    for point in points:
+        _check_point(compose(point), "train" if command == "sweep" else command, spec, gpus)
+
+
+def _check_point(cfg, command, spec, gpus):
     assert cfg.ray.address == "auto"
     assert cfg.output_dir.startswith("/shared/"), "outputs must land on the shared volume"
     worker = spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]
