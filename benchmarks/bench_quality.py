@@ -15,7 +15,7 @@ config (conf/experiment/cpu_quality.yaml); pass Hydra overrides after ``--`` to 
 for every phase (e.g. ``-- mining.max_questions=null`` on a GPU machine).
 
 Run: .venv/bin/python benchmarks/bench_quality.py [--out outputs/cpu_quality]
-     [--ablations no_stage1,no_rationale,no_redundancy,warmup_only] [-- overrides]
+     [--ablations no_stage1,no_rationale,no_redundancy,warmup_only,human_rl] [-- overrides]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ ABLATIONS = {
     "no_rationale": "w/o rationale (ids only)",
     "no_redundancy": "w/o redundancy term (gamma = 0)",
     "warmup_only": "warm start only (no RL)",
+    "human_rl": "lever: GRPO on the human evidence",  # not a paper ablation
 }
 
 

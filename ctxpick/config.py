@@ -301,6 +301,9 @@ class DemoConfig:
     # Overrides of a second mining phase whose records the sft stages (the warm start) train
     # on, e.g. [mining.miner=human, mining.max_questions=null]; empty: the mined data.
     warmup_data: list[str] = field(default_factory=list)
+    # The GRPO stages' gold sets: mined (the generator's minimal sufficient sets) or
+    # warmup_data (the warm start's records, e.g. every training question's human evidence).
+    rl_data: str = "mined"
     eval_sources: list[DataSource] = field(default_factory=list)  # empty: data.sources
     # Ablations (conf/ablation/): train on the data of the run in `from_run` (no mining), skip
     # some stages and take others' final/ from that run instead of training them.
@@ -313,6 +316,8 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.reuse and not self.from_run:
             raise ValueError("demo.reuse takes stages from another run: set demo.from_run")
+        if self.rl_data not in ("mined", "warmup_data"):
+            raise ValueError(f"demo.rl_data must be mined or warmup_data, not {self.rl_data!r}")
         for name in (*self.skip, *self.reuse):
             if self.stages and name not in self.stages:
                 raise ValueError(f"demo.skip/reuse: no stage {name!r} in demo.stages")

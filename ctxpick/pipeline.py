@@ -59,7 +59,8 @@ def run_demo(cfg: Config, overrides: list[str]) -> Path | None:
                 f"== [{i}/{phases}] training: {name} ({time.time() - t0:.0f}s so far) ==",
                 flush=True,
             )
-            data = warmup_mined if stage_cfg.stage.kind == "sft" else mined
+            sft = stage_cfg.stage.kind == "sft"
+            data = warmup_mined if sft or demo.rl_data == "warmup_data" else mined
             previous = str(train(replace(stage_cfg, rl=replace(stage_cfg.rl, mined=str(data)))))
             metrics[name] = root / name / "metrics.jsonl"
         trained[name] = (previous, stage_cfg.stage.kind)

@@ -34,6 +34,8 @@ def test_demo_config_composes():
         # ranked with the answer, the pool's order would leak it into training
         ("mining.pool.query=question_answer", "rl.pool_order=pool trains on the mining pool"),
         ("demo.reuse=[warmup]", "demo.reuse takes stages from another run"),
+        ("demo.rl_data=human", "demo.rl_data must be mined or warmup_data"),
+        ("rl.placement_strategy=RANDOM", "unknown rl.placement_strategy"),
     ],
 )
 def test_bad_config_fails_at_start(override, message):
@@ -41,9 +43,12 @@ def test_bad_config_fails_at_start(override, message):
         compose([override])
 
 
-@pytest.mark.parametrize("ablation", ["no_stage1", "no_rationale", "no_redundancy", "warmup_only"])
+@pytest.mark.parametrize(
+    "ablation", ["no_stage1", "no_rationale", "no_redundancy", "warmup_only", "human_rl"]
+)
 def test_ablations_compose_on_the_quality_recipe(ablation):
-    """Each of the paper's ablations changes one thing of the recipe, on the recipe's data."""
+    """Each of the paper's ablations (and the human-evidence lever) changes one thing of the
+    recipe, on the recipe's data."""
     recipe = compose(["experiment=cpu_quality"])
     cfg = compose(["experiment=cpu_quality", f"ablation={ablation}", "demo.from_run=runs/q"])
     assert not cfg.demo.evaluate and cfg.demo.stages == recipe.demo.stages
@@ -53,9 +58,11 @@ def test_ablations_compose_on_the_quality_recipe(ablation):
         "no_rationale": ([], [], [], "ids"),
         "no_redundancy": ([], ["warmup"], ["stage.gamma=0"], "rationale_ids"),
         "warmup_only": (["stage1", "stage2"], ["warmup"], [], "rationale_ids"),
+        "human_rl": ([], ["warmup"], [], "rationale_ids"),
     }[ablation]
     got = (cfg.demo.skip, cfg.demo.reuse, cfg.demo.stage_overrides, cfg.picker.output)
     assert got == changed
+    assert cfg.demo.rl_data == ("warmup_data" if ablation == "human_rl" else "mined")
     if ablation == "no_rationale":
         assert "<ids>[passage numbers]</ids>" in cfg.picker.instruction
         assert "<rationale>" not in cfg.picker.instruction
