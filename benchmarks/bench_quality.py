@@ -33,6 +33,7 @@ ABLATIONS = {
     "no_redundancy": "w/o redundancy term (gamma = 0)",
     "warmup_only": "warm start only (no RL)",
     "human_rl": "lever: GRPO on the human evidence",  # not a paper ablation
+    "qwen_lora": "lever: Qwen2.5-Coder-0.5B + LoRA picker, GRPO on the human evidence",
 }
 
 
@@ -81,20 +82,20 @@ def main() -> None:
             variants[f"picker:{name}"] = row
 
     from ctxpick.config import compose
-    from ctxpick.eval.harness import current_records, run_eval
+    from ctxpick.eval.harness import run_eval
     from ctxpick.eval.report import ablation_table
     from ctxpick.pipeline import eval_config
 
     eval_cfg = eval_config(compose(recipe), recipe, out / "eval", pickers)
-    report = run_eval(eval_cfg)
-    table = ablation_table(current_records(eval_cfg), variants)
+    run = run_eval(eval_cfg)
+    table = ablation_table(run.records, variants)
     (out / "ablations.md").write_text(
         "# Ablations of the quality recipe\n\n"
         f"Command: `python benchmarks/bench_quality.py {' '.join(sys.argv[1:])}`. "
         "Judged accuracy per dataset and on the average, evidence F1 against the human gold, "
         "context tokens; 95% bootstrap intervals; `n` questions.\n\n" + table + "\n"
     )
-    print(f"\n{table}\n\nreport: {report}\nablations: {out / 'ablations.md'}", flush=True)
+    print(f"\n{table}\n\nreport: {run.report}\nablations: {out / 'ablations.md'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def run_demo(cfg: Config, overrides: list[str]) -> Path | None:
         return None
 
     print(f"== [{phases}/{phases}] evaluation ({time.time() - t0:.0f}s so far) ==", flush=True)
-    report = run_eval(eval_config(cfg, overrides, root / "eval", pickers))
+    report = run_eval(eval_config(cfg, overrides, root / "eval", pickers)).report
     print(f"\ntraining: {root / 'training.md'}  reward curve: {curve}")
     print(f"evaluation report: {report}\nall outputs: {root}")
     print(f"main job finished in {time.time() - t0:.0f}s", flush=True)

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from ctxpick.config import compose
-from ctxpick.pipeline import run_demo
+from ctxpick.eval import harness
+from ctxpick.pipeline import eval_config, run_demo
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ SHRINK = [
 ]
 
 
-def test_main_job_end_to_end(ray_cluster, tmp_path, capsys):
+def test_main_job_end_to_end(ray_cluster, tmp_path, capsys, monkeypatch):
     overrides = ["experiment=demo", f"output_dir={tmp_path}", *SHRINK]
     cfg = compose(overrides)
     cfg.demo.eval_sources = cfg.demo.eval_sources[:1]
@@ -60,3 +61,13 @@ def test_main_job_end_to_end(ray_cluster, tmp_path, capsys):
     assert len(recs) == 2 * len(methods)
     assert all(r["context_tokens"] <= 400 for r in recs)  # the token budget caps every method
     assert all(r["context_tokens"] == 0 for r in recs if r["method"] == "none")
+
+    # A re-run of the evaluation with every answer recorded reports the same rows and starts
+    # no engine: neither a picker's nor the generator's.
+    def no_engine(*args, **kwargs):
+        raise AssertionError("an engine was started for answers already recorded")
+
+    monkeypatch.setattr(harness.EnginePool, "from_config", no_engine)
+    pickers = json.loads((tmp_path / "pickers.json").read_text())
+    again = harness.run_eval(eval_config(cfg, overrides, tmp_path / "eval", pickers))
+    assert sorted(r["id"] for r in again.records) == sorted(r["id"] for r in recs)

@@ -262,3 +262,34 @@ def test_human_evidence_records_resume_and_keep_each_questions_split(tmp_path):
         rec = json.loads(line)
         assert rec["split"] == assign_split(rec["id"], cfg.seed, tuple(cfg.mining.split_ratios))
         assert rec["kept"] == bool(rec["gold_minimal"])
+
+
+def test_a_resumed_mining_run_builds_pools_only_for_new_questions(tmp_path, monkeypatch):
+    """Re-running `ctxpick mine` into the same folder with more questions builds pools (chunks
+    and retrieval: minutes on a large file) for the new questions only, and reports all."""
+    from ctxpick.config import compose
+    from ctxpick.mining.run import run_mining
+    from ctxpick.retrieval.pools import PoolBuilder
+
+    base = [
+        "mining.miner=human",
+        "data.path=sample:hotpotqa_distractor_30.jsonl",
+        "data.format=hotpotqa",
+        f"output_dir={tmp_path}",
+        "wandb.mode=disabled",
+    ]
+    built: list[str] = []
+    real_build = PoolBuilder.build
+
+    def counting_build(self, item):
+        built.append(item.example.id)
+        return real_build(self, item)
+
+    monkeypatch.setattr(PoolBuilder, "build", counting_build)
+    run_mining(compose([*base, "data.limit=3"]))
+    first = list(built)
+    summary = run_mining(compose([*base, "data.limit=5"]))
+    assert len(first) == 3 and len(built) == 5 and not set(built[3:]) & set(first)
+    lines = (tmp_path / "mined.jsonl").read_text().splitlines()
+    assert len(lines) == 5 and len({json.loads(x)["id"] for x in lines}) == 5
+    assert summary["all"]["examples"] == 5

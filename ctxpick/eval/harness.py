@@ -9,7 +9,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,13 @@ class _Answerer:
         return records, {"generate": t1 - t0, "judge": t2 - t1}
 
 
-def run_eval(cfg: Config) -> Path:
+@dataclass(frozen=True)
+class EvalRun:
+    report: Path
+    records: list[dict[str, Any]]  # the rows the report rests on: this run's settings and questions
+
+
+def run_eval(cfg: Config) -> EvalRun:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -203,39 +209,35 @@ def run_eval(cfg: Config) -> Path:
     print(f"[2/4] selecting: {len(items)} questions", flush=True)
     selections = select(cfg, items, recorded)
 
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve(cfg.eval.tokenizer or cfg.model.name))
-
-    @functools.cache  # the budget and the record both count each passage
-    def count(p: Passage) -> int:
-        return len(tokenizer.encode(format_passages([p]), add_special_tokens=False))
-
     print(f"[3/4] generating with {cfg.model.name} and judging ({cfg.judge.mode})", flush=True)
-    writer = JsonlWriter(records_path)
-    engines = EnginePool.from_config(cfg.model.name, cfg.model.engine, cfg.seed)
-    answer = _Answerer(cfg, engines, count)
-    timings: dict[tuple[str, str], dict[str, float]] = {}
-    for label, rows in selections.items():
-        todo = [
+    todos = {
+        label: [
             (r, sel)
             for r, sel in zip(items, rows, strict=True)
             if sel.passages is not None
             and _record_id(r.item.example.id, label, prints[label]) not in done
         ]
-        if not todo:
-            continue
-        records, seconds = answer(label, todo)
-        for rec in records:
-            rec["fingerprint"] = prints[label]
-            rec["id"] = _record_id(rec["example_id"], label, prints[label])
-            writer.write(rec)
-            done[rec["id"]] = rec
-        for ds in {r.item.example.dataset for r, _ in todo}:
-            share = sum(r.item.example.dataset == ds for r, _ in todo) / len(todo)
-            timings[(ds, label)] = {k: v * share for k, v in seconds.items()}
-    writer.close()
-    engines.shutdown()
+        for label, rows in selections.items()
+    }
+    timings: dict[tuple[str, str], dict[str, float]] = {}
+    if any(todos.values()):  # a re-run with every answer recorded starts no engine
+        writer = JsonlWriter(records_path)
+        engines = EnginePool.from_config(cfg.model.name, cfg.model.engine, cfg.seed)
+        answer = _Answerer(cfg, engines, _token_counter(cfg))
+        for label, todo in todos.items():
+            if not todo:
+                continue
+            records, seconds = answer(label, todo)
+            for rec in records:
+                rec["fingerprint"] = prints[label]
+                rec["id"] = _record_id(rec["example_id"], label, prints[label])
+                writer.write(rec)
+                done[rec["id"]] = rec
+            for ds in {r.item.example.dataset for r, _ in todo}:
+                share = sum(r.item.example.dataset == ds for r, _ in todo) / len(todo)
+                timings[(ds, label)] = {k: v * share for k, v in seconds.items()}
+        writer.close()
+        engines.shutdown()
 
     print("[4/4] report", flush=True)
     current = [
@@ -268,26 +270,20 @@ def run_eval(cfg: Config) -> Path:
     print(f"report: {out / 'report.md'}\nper-example results: {records_path}")
     print("plots: " + ", ".join(str(p) for p in plots))
     print(f"done in {time.time() - t_start:.0f}s", flush=True)
-    return out / "report.md"
+    return EvalRun(out / "report.md", current)
 
 
-def current_records(cfg: Config) -> list[dict[str, Any]]:
-    """The rows of ``output_dir/examples.jsonl`` that the configured methods and pickers, with
-    these settings, produced (what the report of ``run_eval(cfg)`` rests on)."""
-    labels = {m for m in cfg.eval.methods if m != "picker"} | {
-        f"picker:{name}" for name in cfg.eval.pickers
-    }
-    prints: dict[str, str] = {}
-    out = []
-    for rec in read_done(Path(cfg.output_dir) / "examples.jsonl").values():
-        label = rec["method"]
-        if label.partition("@")[0] not in labels and label not in labels:
-            continue
-        if label not in prints:
-            prints[label] = fingerprint(cfg, label)
-        if rec.get("fingerprint") == prints[label]:
-            out.append(rec)
-    return out
+def _token_counter(cfg: Config) -> Callable[[Passage], int]:
+    """Context tokens of a passage as the generator's prompt shows it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(cfg.eval.tokenizer or cfg.model.name))
+
+    @functools.cache  # the budget and the record both count each passage
+    def count(p: Passage) -> int:
+        return len(tokenizer.encode(format_passages([p]), add_special_tokens=False))
+
+    return count
 
 
 def _record_id(example_id: str, label: str, fingerprint: str) -> str:

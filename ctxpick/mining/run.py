@@ -6,11 +6,11 @@ import json
 from dataclasses import asdict
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ctxpick.config import Config, ConfigError
 from ctxpick.data.loaders import load_sources
-from ctxpick.data.schema import Pool
+from ctxpick.data.schema import Example, Pool
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import init_ray
 from ctxpick.jsonl import JsonlWriter, read_done
@@ -21,6 +21,8 @@ from ctxpick.mining.rewrites import assign_split
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
 from ctxpick.tracking import Tracker
+
+T = TypeVar("T", Example, Pool)
 
 
 def worker_spec(cfg: Config) -> WorkerSpec:
@@ -49,13 +51,13 @@ def worker_spec(cfg: Config) -> WorkerSpec:
     )
 
 
-def in_turn(pools: list[Pool], n: int | None) -> list[Pool]:
-    """The first ``n`` pools taking the datasets in turn (each in source order), so a subset
-    keeps every dataset; ``None``: all of them."""
+def in_turn(items: list[T], n: int | None) -> list[T]:
+    """The first ``n`` examples (or pools) taking the datasets in turn (each in source order),
+    so a subset keeps every dataset; ``None``: all of them."""
     if n is None:
-        return pools
-    by: dict[str, list[Pool]] = {}
-    for p in pools:
+        return items
+    by: dict[str, list[T]] = {}
+    for p in items:
         by.setdefault(p.dataset, []).append(p)
     rounds = zip_longest(*by.values())
     return [p for row in rounds for p in row if p is not None][:n]
@@ -109,14 +111,24 @@ def run_mining(cfg: Config) -> dict[str, dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     check_settings(cfg, out)
     print("[1/3] loading data, chunking, mining pools", flush=True)
-    examples = load_sources(cfg.data.sources, cfg.data.strict, out / "rejects.jsonl")
-    chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
+    examples = in_turn(
+        load_sources(cfg.data.sources, cfg.data.strict, out / "rejects.jsonl"),
+        cfg.mining.max_questions,
+    )
+    # A resumed run builds pools only for the questions not yet mined: chunking and retrieval
+    # of every question again cost minutes for nothing (check_settings pins the pool settings).
+    finished = read_done(out / "mined.jsonl") | read_done(out / "mining_rejects.jsonl")
+    todo = [ex for ex in examples if ex.id not in finished]
+    if len(todo) < len(examples):
+        print(f"  {len(examples) - len(todo)} questions already mined: pools not rebuilt")
     builder = PoolBuilder(cfg.mining.pool)
-    pools = in_turn([builder.build(c) for c in chunked], cfg.mining.max_questions)
+    pools = [builder.build(c) for c in Chunker(cfg.retrieval.chunking).chunk_all(todo)]
 
     tracker = Tracker.for_job(cfg, out, "mine")
     if cfg.mining.miner == "human":
-        print(f"[2/3] the datasets' own evidence as the sets of {len(pools)} questions", flush=True)
+        print(
+            f"[2/3] the datasets' own evidence as the sets of {len(examples)} questions", flush=True
+        )
         records = write_human_gold(pools, out / "mined.jsonl", cfg)
     else:
         print(f"[2/3] mining with the {cfg.mining.miner} miner on {cfg.model.name}", flush=True)
@@ -134,7 +146,7 @@ def run_mining(cfg: Config) -> dict[str, dict[str, Any]]:
         )
 
     print("[3/3] summary and agreement with human gold evidence", flush=True)
-    wanted = {p.example_id for p in pools}
+    wanted = {ex.id for ex in examples}
     summary = summarize([r for r in records.values() if r["id"] in wanted])
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     table = render(summary)

@@ -182,24 +182,31 @@ class Picker:
         questions: Sequence[str],
         candidates: Sequence[Sequence[Candidate]],
         token_budgets: Sequence[int | None] | None = None,
+        token_counts: Sequence[Sequence[int]] | None = None,
     ) -> list[Selection]:
-        """One engine call for every question; ``candidates[i]`` in retriever order."""
+        """One engine call for every question; ``candidates[i]`` in retriever order.
+        ``token_counts[i]``: each candidate's tokens, when the caller has counted them already
+        (the service's ingress, for its limits): the engine's thread does not count again."""
         budgets = list(token_budgets) if token_budgets is not None else [None] * len(questions)
         if not len(questions) == len(candidates) == len(budgets):
             raise ValueError("pick_many: questions, candidates and token_budgets differ in length")
         pools = [as_passages(c) for c in candidates]
+        counts = token_counts or [
+            [self.count_tokens(format_passages([p])) for p in ps] for ps in pools
+        ]
         t0 = time.perf_counter()
         decisions = self.decide(questions, pools)
         latency = (time.perf_counter() - t0) * 1000
         out = []
-        for cands, pool, res, budget in zip(candidates, pools, decisions, budgets, strict=True):
+        for cands, pool, res, budget, sizes in zip(
+            candidates, pools, decisions, budgets, counts, strict=True
+        ):
             fallback = None
             if res.valid:
                 chosen = sorted(res.passages, key=lambda p: p.doc_index)
             else:
                 fallback = f"invalid output ({res.reason}): {self.fallback}"
                 chosen = pool[: self.fallback_k] if self.fallback == "top_k" else pool
-            sizes = {p.doc_index: self.count_tokens(format_passages([p])) for p in pool}
             kept, cut = apply_budget(chosen, budget, lambda p, n=sizes: n[p.doc_index])
             out.append(
                 Selection(
@@ -207,7 +214,7 @@ class Picker:
                     indices=[p.doc_index for p in kept],
                     passages=[cands[p.doc_index] for p in kept],
                     rationale=res.rationale,
-                    tokens_in=sum(sizes.values()),
+                    tokens_in=sum(sizes),
                     tokens_kept=sum(sizes[p.doc_index] for p in kept),
                     valid=res.valid,
                     fallback=fallback,

@@ -201,7 +201,8 @@ class Service:
                     "or empty on the serving node"
                 )
 
-    def check_limits(self, question: str, candidates: list[Any]) -> None:
+    def check_limits(self, question: str, candidates: list[Any]) -> list[int]:
+        """Refuse a request past a limit; else each candidate's tokens."""
         lim = self.cfg.limits
         if len(candidates) > lim.max_passages:
             raise ApiError(
@@ -219,17 +220,18 @@ class Service:
                 f"{size} bytes of text exceed {lim.max_request_bytes}",
                 "serve.limits.max_request_bytes",
             )
-        tokens = sum(
+        sizes = [
             len(self.tokenizer.encode(format_passages([p]), add_special_tokens=False))
             for p in passages
-        )
-        if tokens > lim.max_tokens_in:
+        ]
+        if (tokens := sum(sizes)) > lim.max_tokens_in:
             raise ApiError(
                 413,
                 "too_many_tokens",
                 f"{tokens} passage tokens exceed {lim.max_tokens_in}",
                 "serve.limits.max_tokens_in",
             )
+        return sizes
 
     async def select(
         self, endpoint: str, rid: str, question: str, candidates: list[Any], budget: int | None
@@ -241,7 +243,7 @@ class Service:
         from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
         t0 = time.perf_counter()
-        self.check_limits(question, candidates)
+        sizes = self.check_limits(question, candidates)
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(RayActorError),
@@ -250,7 +252,7 @@ class Service:
                 reraise=True,
             ):
                 with attempt:
-                    sel = await self.engine.pick.remote((question, candidates, budget))
+                    sel = await self.engine.pick.remote((question, candidates, budget, sizes))
         except BackPressureError:
             raise ApiError(
                 429,
@@ -489,6 +491,10 @@ class Batcher:
                 done.set_result(result)
 
 
+# question, candidates, token budget, each candidate's tokens (counted by the ingress)
+Job = tuple[str, list[Any], int | None, list[int]]
+
+
 @serve.deployment(name="PickerEngine")
 class PickerEngine:
     """One vLLM picker; concurrent requests are batched into one engine call."""
@@ -515,11 +521,11 @@ class PickerEngine:
     def ready(self) -> bool:
         return True
 
-    def _pick_many(self, jobs: list[tuple[str, list[Any], int | None]]) -> list[Selection]:
-        questions, candidates, budgets = zip(*jobs, strict=True)
-        return self.picker.pick_many(questions, candidates, budgets)
+    def _pick_many(self, jobs: list[Job]) -> list[Selection]:
+        questions, candidates, budgets, sizes = zip(*jobs, strict=True)
+        return self.picker.pick_many(questions, candidates, budgets, sizes)
 
-    async def pick(self, job: tuple[str, list[Any], int | None]) -> Selection:
+    async def pick(self, job: Job) -> Selection:
         return await self.batcher.submit(job)
 
 
