@@ -58,16 +58,19 @@ def _gap(engines, learners):
     return (learner - rollout).abs()
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_zero_data_parallel_learners_train_and_sync(engines, zero_stage):
+@pytest.mark.parametrize("zero_stage, lora_rank", [(2, 0), (3, 0), (2, 8)])
+def test_zero_data_parallel_learners_train_and_sync(engines, zero_stage, lora_rank):
+    """With LoRA (peft adapters), only the adapters train and the engine gets the merged
+    weights under the base model's names."""
     cfg = LearnerConfig(
         model="smollm2-135m",
         num_actors=2,
         zero_stage=zero_stage,
         micro_batch_size=2,
         grpo=GRPOConfig(update_epochs=2, mini_batches=2),
+        lora_rank=lora_rank,
     )
-    learners = LearnerGroup(cfg, lr=1e-4)
+    learners = LearnerGroup(cfg, lr=1e-3 if lora_rank else 1e-4)
     try:
         before = learners.call("state_checksum")
         first = learners.step("sft_step", SFT)

@@ -205,11 +205,14 @@ def test_sampler_correction_weights_are_capped():
 
 
 def test_lora_merges_into_the_original_names():
+    """peft's adapters train alone; the merged state is W + (alpha / r) B A under the plain
+    model's names, and computes what the adapted layer computes."""
     from contextlib import nullcontext
 
+    from peft.tuners.lora import LoraLayer
     from torch import nn
 
-    from ctxpick.rl.lora import LoRALinear, apply_lora, merged_state
+    from ctxpick.rl.lora import apply_lora, merged_state
 
     torch.manual_seed(0)
     model = nn.Module()
@@ -218,21 +221,24 @@ def test_lora_merges_into_the_original_names():
     model.head = nn.Linear(4, 3)
     plain = {k: v.clone() for k, v in model.state_dict().items()}
     assert apply_lora(model, rank=2, alpha=4.0, targets=["q_proj"]) == 1
-    assert isinstance(model.block.q_proj, LoRALinear)
+    layer = model.block.q_proj
+    assert isinstance(layer, LoraLayer)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {"block.q_proj.lora_a", "block.q_proj.lora_b"}
+    assert trainable == {"block.q_proj.lora_A.default.weight", "block.q_proj.lora_B.default.weight"}
     x = torch.randn(5, 6)
-    assert torch.allclose(
-        model.block.q_proj(x), x @ plain["block.q_proj.weight"].T + plain["block.q_proj.bias"]
-    )
+    assert torch.allclose(layer(x), x @ plain["block.q_proj.weight"].T + plain["block.q_proj.bias"])
     with torch.no_grad():
-        model.block.q_proj.lora_b.normal_()
+        layer.lora_B["default"].weight.normal_()
     state = merged_state(model, lambda params: nullcontext())
     assert set(state) == set(plain)
+    by_hand = plain["block.q_proj.weight"] + (4.0 / 2) * (
+        layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+    )
+    assert torch.allclose(state["block.q_proj.weight"], by_hand, atol=1e-6)
     merged = nn.Linear(6, 4)
     merged.load_state_dict(
         {"weight": state["block.q_proj.weight"], "bias": state["block.q_proj.bias"]}
     )
-    assert torch.allclose(merged(x), model.block.q_proj(x), atol=1e-5)
+    assert torch.allclose(merged(x), layer(x), atol=1e-5)
     with pytest.raises(ValueError, match="match no linear"):
         apply_lora(nn.Linear(2, 2), 2, 4.0, ["q_proj"])

@@ -32,10 +32,9 @@ def test_weight_source_streams_full_merged_weights_under_hf_names():
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(plain.state_dict())
     apply_lora(model, rank=2, alpha=4.0, targets=["q_proj"])
+    lora = model.model.layers[0].self_attn.q_proj
     with torch.no_grad():
-        for m in model.modules():
-            if hasattr(m, "lora_b"):
-                m.lora_b.normal_()
+        lora.lora_B["default"].weight.normal_()
     source = GatheredSource(model, zero_stage=0).source()
     meta = source.metadata()
     pairs = list(source)
@@ -45,7 +44,7 @@ def test_weight_source_streams_full_merged_weights_under_hf_names():
         for m, (_, t) in zip(meta, pairs, strict=True)
     )
     q = dict(pairs)["model.layers.0.self_attn.q_proj.weight"]
-    lora = model.model.layers[0].self_attn.q_proj
-    assert torch.allclose(q, lora.merged_weight())
+    delta = (4.0 / 2) * lora.lora_B["default"].weight @ lora.lora_A["default"].weight
+    assert torch.allclose(q, lora.base_layer.weight + delta)
     assert not torch.allclose(q, plain.state_dict()["model.layers.0.self_attn.q_proj.weight"])
     assert len(list(source)) == len(meta)  # re-iterable: one fresh pass per sync
