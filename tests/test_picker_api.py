@@ -52,6 +52,26 @@ def test_the_token_budget_cuts_the_last_kept_passages():
     assert sel.indices == [0, 1] and sel.budget_cut and sel.tokens_kept == 8
 
 
+def test_token_counts_the_caller_has_are_not_counted_again():
+    """The service's ingress counts each candidate for its limits; the engine's thread takes
+    those counts (same tokenizer, same "[i] (title) text" form) instead of counting again."""
+    counted = []
+
+    def count(text):
+        counted.append(text)
+        return len(text.split())
+
+    p = Picker(
+        Scripted("<rationale>r</rationale><ids>[1, 2, 3]</ids>"),
+        PickerSpec("sys", 3, 50, 32),
+        count_tokens=count,
+    )
+    given = p.pick_many(["q"], [CANDIDATES], [9], [[3, 5, 3]])[0]
+    assert not counted
+    assert given.indices == [0, 1] and given.budget_cut
+    assert (given.tokens_in, given.tokens_kept) == (11, 8)
+
+
 def test_pick_many_is_one_engine_call():
     p = picker(*["<rationale>r</rationale><ids>[1]</ids>"] * 3)
     sels = p.pick_many(["q1", "q2", "q3"], [CANDIDATES] * 3, [None, None, 1])
