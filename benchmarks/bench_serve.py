@@ -3,9 +3,11 @@
 Real HotpotQA questions with their BM25 pools (the picker's shown passages) become pick
 requests. For each concurrency level a fresh slice of questions (so no level is served from
 another's prefix cache) goes through the service over HTTP: throughput, p50/p95 latency and
-the batch sizes the service formed (its /metrics). Then the service is shut down and plain
-vLLM ``generate`` gets each slice's exact picker prompts in one call (its best configuration:
-vLLM schedules the whole slice itself), on an engine with the same CPUs.
+the batch sizes the service formed (its /metrics), and how much of the wall time the engine
+spent in calls (from each response's engine-call time), which splits the service's overhead
+into time between engine calls and a slower engine inside the replica. Then the service is
+shut down and plain vLLM ``generate`` gets each slice's exact picker prompts in one call (its
+best configuration: vLLM schedules the whole slice itself), on an engine with the same CPUs.
 
 Run: .venv/bin/python benchmarks/bench_serve.py [--picker smollm2-135m]
      [--requests 12,40,96] [--batch-wait 0.1]
@@ -55,9 +57,12 @@ def batch_histogram(metrics: str) -> tuple[float, float]:
     return total, count
 
 
-async def drive(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float]]:
+async def drive(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float], float]:
+    """Wall seconds, each request's latency, and the seconds the engine spent in calls (each
+    response carries its batch's engine-call time; a batch's requests share it)."""
     gate = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
+    engine_ms: set[float] = set()
 
     async with httpx.AsyncClient(base_url=url, timeout=3600) as client:
 
@@ -67,10 +72,11 @@ async def drive(url: str, bodies: list[dict], concurrency: int) -> tuple[float, 
                 r = await client.post("/v1/pick", json=body)
                 r.raise_for_status()
                 latencies.append(time.perf_counter() - t)
+                engine_ms.add(r.json()["latency_ms"])
 
         t0 = time.perf_counter()
         await asyncio.gather(*[one(b) for b in bodies])
-        return time.perf_counter() - t0, latencies
+        return time.perf_counter() - t0, latencies, sum(engine_ms) / 1000
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -115,7 +121,7 @@ def main() -> None:
     rows = []
     for level, part in zip(LEVELS, slices, strict=True):
         before = batch_histogram(httpx.get(f"{url}/metrics").text)
-        wall, lat = asyncio.run(drive(url, part, level))
+        wall, lat, busy = asyncio.run(drive(url, part, level))
         after = batch_histogram(httpx.get(f"{url}/metrics").text)
         batches = after[1] - before[1]
         mean_batch = (after[0] - before[0]) / batches if batches else 0.0
@@ -127,6 +133,8 @@ def main() -> None:
                 "p50": pct(lat, 50),
                 "p95": pct(lat, 95),
                 "batch": mean_batch,
+                "engine_rps": len(part) / busy,  # while the engine was in a call
+                "engine_share": busy / wall,
             }
         )
         print(f"service c={level}: {rows[-1]}", flush=True)
@@ -162,15 +170,16 @@ def main() -> None:
     )
     print(
         "| concurrency | requests | service req/s | plain vLLM, all at once | ratio "
-        "| plain vLLM, calls of c | ratio | p50 s | p95 s | mean batch |"
+        "| plain vLLM, calls of c | ratio | p50 s | p95 s | mean batch "
+        "| engine busy | service req/s while busy |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['concurrency']} | {r['requests']} | {r['rps']:.2f} | {r['plain_rps']:.2f} "
             f"| {r['rps'] / r['plain_rps']:.2f} | {r['plain_c_rps']:.2f} "
             f"| {r['rps'] / r['plain_c_rps']:.2f} | {r['p50']:.2f} | {r['p95']:.2f} "
-            f"| {r['batch']:.1f} |"
+            f"| {r['batch']:.1f} | {r['engine_share']:.0%} | {r['engine_rps']:.2f} |"
         )
 
 
