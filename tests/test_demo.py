@@ -23,7 +23,8 @@ SHRINK = [
     "picker.max_tokens=32",
     "rl.val_size=2",
     "rl.prompts_per_step=2",
-    "demo.stages.warmup=['stage=warmup','stage.max_steps=1','rl.prompts_per_step=2']",
+    "demo.stages.warmup=['stage=warmup','stage.max_steps=2','rl.prompts_per_step=2',"
+    "'rl.val_every=5']",
     "demo.stages.stage1=['stage=stage1','stage.max_steps=1','stage.group_size=2']",
     "demo.stages.stage2=['stage=stage2','stage.max_steps=1','stage.group_size=2']",
     "eval.methods=[none,bm25,adaptive,oracle,picker]",
@@ -55,6 +56,11 @@ def test_main_job_end_to_end(ray_cluster, tmp_path, capsys, monkeypatch):
     for section in ("With 95% confidence intervals", "Is each picker reading its input?"):
         assert section in text
     assert "Pickers against baselines (paired)" in text and "with 95% confidence" in out
+    # A warm start syncs the rollout workers only for validation (here its last step)
+    steps = [
+        json.loads(x) for x in (tmp_path / "warmup" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert ["time/sync" in m for m in steps] == [False, True] and "val/reward" in steps[1]
     recs = [json.loads(x) for x in (tmp_path / "eval" / "examples.jsonl").read_text().splitlines()]
     methods = {r["method"] for r in recs}
     assert methods == {"none", "bm25@2", "adaptive", "oracle", "picker:stage1", "picker:stage2"}
