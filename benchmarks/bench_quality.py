@@ -15,7 +15,8 @@ config (conf/experiment/cpu_quality.yaml); pass Hydra overrides after ``--`` to 
 for every phase (e.g. ``-- mining.max_questions=null`` on a GPU machine).
 
 Run: .venv/bin/python benchmarks/bench_quality.py [--out outputs/cpu_quality]
-     [--ablations no_stage1,no_rationale,no_redundancy,warmup_only,human_rl] [-- overrides]
+     [--ablations no_stage1,no_rationale,no_redundancy,warmup_only,human_rl,qwen_lora]
+     [--all-stages qwen_lora] [-- overrides]
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def main() -> None:
         default=",".join(ABLATIONS),
         help="comma-separated subset of: " + ", ".join(ABLATIONS) + " (empty: none)",
     )
+    ap.add_argument(
+        "--all-stages",
+        default="",
+        help="comma-separated variants whose every stage in its pickers.json is evaluated, "
+        "not only the last",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every phase")
     args = ap.parse_args()
     if not SHARED.is_dir():
@@ -59,7 +66,8 @@ def main() -> None:
     out = (REPO / args.out).resolve()
     recipe = ["experiment=cpu_quality", *args.overrides]
 
-    ctxpick("demo", *recipe, f"output_dir={out}")
+    # The recipe's pickers are evaluated below, with every variant's, in the same folder
+    ctxpick("demo", *recipe, f"output_dir={out}", "demo.evaluate=false")
     variants = {f"picker:{name}": f"full recipe ({name})" for name in ("stage1", "stage2")}
     pickers = json.loads((out / "pickers.json").read_text())
     chosen = [a for a in args.ablations.split(",") if a]
@@ -75,11 +83,16 @@ def main() -> None:
             f"hydra.sweep.dir={out / 'ablations'}",
             "hydra.sweep.subdir=${hydra:runtime.choices.ablation}",
         )
+        every = set(args.all_stages.split(",")) - {""}
         for name in chosen:
-            row = ABLATIONS[name]
-            trained = json.loads((out / "ablations" / name / "pickers.json").read_text())
+            folder = out / "ablations" / name
+            trained = json.loads((folder / "pickers.json").read_text())
             pickers[name] = list(trained.values())[-1]  # the variant's last stage
-            variants[f"picker:{name}"] = row
+            variants[f"picker:{name}"] = ABLATIONS[name]
+            if name in every:  # its earlier stages too: where along the way it collapses
+                for stage, path in list(trained.items())[:-1]:
+                    pickers[f"{name}.{stage}"] = path
+                    variants[f"picker:{name}.{stage}"] = f"{ABLATIONS[name]}: {stage}"
 
     from ctxpick.config import compose
     from ctxpick.eval.harness import run_eval
