@@ -56,8 +56,8 @@ def main() -> None:
     ap.add_argument(
         "--all-stages",
         default="",
-        help="comma-separated variants whose every stage in its pickers.json is evaluated, "
-        "not only the last",
+        help="comma-separated variants whose every stage (its own warm start included) is "
+        "evaluated, not only the last",
     )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every phase")
     args = ap.parse_args()
@@ -90,7 +90,10 @@ def main() -> None:
             pickers[name] = list(trained.values())[-1]  # the variant's last stage
             variants[f"picker:{name}"] = ABLATIONS[name]
             if name in every:  # its earlier stages too: where along the way it collapses
-                for stage, path in list(trained.items())[:-1]:
+                earlier = dict(list(trained.items())[:-1])
+                if (folder / "warmup" / "final").is_dir():  # a warm start of its own
+                    earlier = {"warmup": str(folder / "warmup" / "final")} | earlier
+                for stage, path in earlier.items():
                     pickers[f"{name}.{stage}"] = path
                     variants[f"picker:{name}.{stage}"] = f"{ABLATIONS[name]}: {stage}"
 
