@@ -83,11 +83,15 @@ class EnginePool:
     whose weights only the trainer can restore)."""
 
     def __init__(
-        self, actors: list[ray.actor.ActorHandle], start_actor: Callable[[], Any] | None = None
+        self,
+        actors: list[ray.actor.ActorHandle],
+        start_actor: Callable[[], Any] | None = None,
+        batch_size: int = 16,
     ) -> None:
+        """``batch_size``: prompts per engine call when :meth:`generate` is not told."""
         if not actors:
             raise ValueError("EnginePool needs at least one actor")
-        self.actors, self.start_actor = actors, start_actor
+        self.actors, self.start_actor, self.batch_size = actors, start_actor, batch_size
 
     @classmethod
     def start(
@@ -100,6 +104,7 @@ class EnginePool:
         wait: bool = True,
         replace_dead: bool = True,
         placement: Placement | None = None,
+        batch_size: int = 16,
         **engine_kwargs: object,
     ) -> EnginePool:
         """Engine ``i`` goes to bundle ``first + i`` of a ``placement``; only pools outside a
@@ -118,7 +123,7 @@ class EnginePool:
         if placement is not None and replace_dead:
             raise ValueError("engines in a placement group are not replaced: replace_dead=False")
         actors = [start_actor(wait, i) for i in range(num_actors)]
-        return cls(actors, start_actor if replace_dead else None)
+        return cls(actors, start_actor if replace_dead else None, batch_size)
 
     @classmethod
     def from_config(
@@ -158,9 +163,10 @@ class EnginePool:
         self,
         chats: list[Chat],
         sampling: SamplingConfig,
-        batch_size: int = 16,
+        batch_size: int | None = None,
         progress: Progress | None = None,
     ) -> list[list[Completion]]:
+        batch_size = batch_size or self.batch_size
         batches = [(i, chats[i : i + batch_size]) for i in range(0, len(chats), batch_size)]
         results: list[list[Completion] | None] = [None] * len(chats)
         t0, done = time.time(), 0

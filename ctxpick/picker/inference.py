@@ -135,19 +135,14 @@ class Picker:
         """A picker with its own in-process vLLM engine. ``path_or_alias``: a trained model
         folder (``.../final``), a run folder (its ``pickers.json``: the last stage), or a
         built-in model alias (untrained: its config's prompt, and mostly fallbacks)."""
-        from transformers import AutoTokenizer
-
         from ctxpick.engines.vllm_engine import VLLMEngine
 
         folder, spec = resolve_picker(path_or_alias)
         engine = VLLMEngine(
             folder, max_model_len=max_model_len, cpu_kv_cache_gb=cpu_kv_cache_gb, seed=seed
         )
-        tokenizer = AutoTokenizer.from_pretrained(folder)
         options.setdefault("name", str(path_or_alias))
-        options.setdefault(
-            "count_tokens", lambda t: len(tokenizer.encode(t, add_special_tokens=False))
-        )
+        options.setdefault("count_tokens", token_counter(folder))
         if spec is None:
             return cls.from_folder(folder, engine, **options)
         return cls(engine, spec, **options)
@@ -239,6 +234,14 @@ class Picker:
         import asyncio
 
         return await asyncio.to_thread(self.pick, question, passages, token_budget)
+
+
+def token_counter(folder: str) -> Callable[[str], int]:
+    """Tokens of a text under the picker's own tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def generate_picks(

@@ -30,8 +30,15 @@ from ray import serve
 from starlette.exceptions import HTTPException
 
 from ctxpick.engines.prompts import format_passages
-from ctxpick.engines.vllm_engine import engine_actor_env
-from ctxpick.picker.inference import Picker, Selection, as_passages, caller_id, resolve_picker
+from ctxpick.engines.ray_pool import EnginePool, init_ray
+from ctxpick.picker.inference import (
+    Picker,
+    Selection,
+    as_passages,
+    caller_id,
+    resolve_picker,
+    token_counter,
+)
 from ctxpick.picker.spec import PickerSpec
 from ctxpick.serve.settings import ServeConfig
 
@@ -497,23 +504,38 @@ Job = tuple[str, list[Any], int | None, list[int]]
 
 @serve.deployment(name="PickerEngine")
 class PickerEngine:
-    """One vLLM picker; concurrent requests are batched into one engine call."""
+    """One picker: its vLLM engine in an actor of its own, fed one batch of the concurrent
+    requests at a time.
+
+    The engine runs outside this replica's process, as plain vLLM does: inside it, it shared
+    the process with Serve's own threads and ran 17-21% slower per call of the same prompts
+    (benchmarks/bench_serve.py: the engine was busy 98-99% of the time, so the service's
+    shortfall against plain vLLM was the engine itself). The actor is owned by this replica
+    and dies with it; a dead engine actor is replaced by the pool and its batch redone."""
 
     def __init__(self, cfg: ServeConfig) -> None:
-        # One thread builds the engine and makes every call: vLLM's CPU backend binds the
-        # OpenMP threads of the thread that builds it, and another thread's calls run
-        # unbound (measured by bench_serve.py: 1.5x slower per request).
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="picker-engine")
-        self.picker = self.thread.submit(
-            Picker.from_pretrained,
-            cfg.picker,
+        folder, spec = resolve_picker(cfg.picker)
+        engine = EnginePool.start(
+            folder,
+            1,
+            num_cpus=cfg.num_cpus_per_replica,
+            num_gpus=cfg.num_gpus_per_replica,
+            batch_size=cfg.max_batch_size,
             max_model_len=cfg.max_model_len,
             cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
+        )
+        self.picker = Picker(
+            engine,
+            spec or PickerSpec.load(folder),
             fallback=cfg.fallback,
             fallback_k=cfg.fallback_k,
             constrained=cfg.constrained,
             name=cfg.picker,
-        ).result()
+            count_tokens=token_counter(folder),
+        )
+        # One thread makes every (blocking) engine call: one batch at a time, while the next
+        # queues in the Batcher.
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="picker-engine")
         self.batcher = Batcher(
             self._pick_many, cfg.max_batch_size, cfg.batch_wait_timeout_s, self.thread
         )
@@ -552,13 +574,8 @@ def build_app(cfg: ServeConfig) -> Any:
         **scaling,
         max_ongoing_requests=cfg.max_ongoing_requests,
         max_queued_requests=cfg.limits.max_queued_requests,
-        ray_actor_options={
-            "num_cpus": cfg.num_cpus_per_replica,
-            "num_gpus": cfg.num_gpus_per_replica,
-            "runtime_env": {
-                "env_vars": engine_actor_env(cfg.num_cpus_per_replica, cfg.num_gpus_per_replica)
-            },
-        },
+        # the replica only batches; its engine actor asks for the CPUs and GPUs
+        ray_actor_options={"num_cpus": 0},
     ).bind(cfg)
     # The bearer token travels to the ingress replicas from the driver's environment when set
     # there; on a cluster, set it on the nodes instead (runtime_env shows in the dashboard).
@@ -580,8 +597,6 @@ def app_builder(args: dict[str, Any]) -> Any:
 def start(cfg: ServeConfig, *, ray_address: str | None = None, blocking: bool = True) -> str:
     """Start Ray Serve on ``cfg.host:cfg.port`` (proxy on the head node) and deploy; returns
     the base URL. ``blocking``: serve until interrupted."""
-    from ctxpick.engines.ray_pool import init_ray
-
     init_ray(ray_address)
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, proxy_location="HeadOnly")
     serve.run(build_app(cfg), name=APP_NAME, route_prefix="/")
