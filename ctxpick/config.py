@@ -114,7 +114,7 @@ class RewriteConfig:
 
 @dataclass
 class MiningConfig:
-    pool: PoolConfig = field(default_factory=PoolConfig)  # BM25 over the question, as inference
+    pool: PoolConfig = field(default_factory=PoolConfig)  # ranked as inference's (retrieval.pool)
     # fast | reference (the paper's Algorithm 1) | human (no model: the dataset's own evidence
     # in the pool is the set; a warm start on every training question costs nothing to mine)
     miner: str = "fast"
@@ -377,13 +377,14 @@ def _cross_checks(cfg: Config) -> None:
             f"invalid config: rl.learner.grpo.mini_batches = {rl.learner.grpo.mini_batches} "
             f"exceeds rl.prompts_per_step = {rl.prompts_per_step} prompt groups"
         )
-    if rl.pool_order == "pool" and cfg.mining.pool.query != cfg.retrieval.pool.query:
-        raise ConfigError(
-            f"invalid config: rl.pool_order=pool trains on the mining pool's order, ranked by "
-            f"mining.pool.query={cfg.mining.pool.query!r}, but inference ranks by "
-            f"retrieval.pool.query={cfg.retrieval.pool.query!r}: set mining.pool.query="
-            f"{cfg.retrieval.pool.query} or rl.pool_order=shuffle"
-        )
+    for key in ("query", "retriever", "embedder"):
+        mined, shown = getattr(cfg.mining.pool, key), getattr(cfg.retrieval.pool, key)
+        if rl.pool_order == "pool" and mined != shown:
+            raise ConfigError(
+                f"invalid config: rl.pool_order=pool trains on the mining pool's order, ranked "
+                f"by mining.pool.{key}={mined!r}, but inference ranks by retrieval.pool.{key}="
+                f"{shown!r}: set mining.pool.{key}={shown} or rl.pool_order=shuffle"
+            )
     try:
         reward_spec(cfg)
     except ValueError as err:

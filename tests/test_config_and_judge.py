@@ -33,6 +33,8 @@ def test_demo_config_composes():
         ("rl.pool_order=ranked", "rl.pool_order must be pool or shuffle"),
         # ranked with the answer, the pool's order would leak it into training
         ("mining.pool.query=question_answer", "rl.pool_order=pool trains on the mining pool"),
+        ("retrieval.pool.retriever=dense", "ranked by mining.pool.retriever='bm25'"),
+        ("retrieval.pool.retriever=splade", "pool retriever must be bm25 or dense"),
         ("demo.reuse=[warmup]", "demo.reuse takes stages from another run"),
         ("demo.rl_data=human", "demo.rl_data must be mined or warmup_data"),
         ("rl.placement_strategy=RANDOM", "unknown rl.placement_strategy"),

@@ -77,3 +77,40 @@ def test_main_job_end_to_end(ray_cluster, tmp_path, capsys, monkeypatch):
     pickers = json.loads((tmp_path / "pickers.json").read_text())
     again = harness.run_eval(eval_config(cfg, overrides, tmp_path / "eval", pickers))
     assert sorted(r["id"] for r in again.records) == sorted(r["id"] for r in recs)
+
+
+def test_a_main_job_on_its_own_dense_pools_trains_grpo_on_the_warm_start_data(
+    ray_cluster, tmp_path, capsys
+):
+    """demo.rl_data=warmup_data: the GRPO stages train on the warm-start records, so no stage
+    needs the generator's mined sets and none are mined; and with pools ranked by the dense
+    retriever, every training prompt shows its passages in dense order, as inference does."""
+    import numpy as np
+
+    from ctxpick.retrieval.embed import encode, load_embedder
+
+    overrides = [
+        "experiment=demo",
+        f"output_dir={tmp_path}",
+        *SHRINK,
+        "demo.warmup_data=['mining.miner=human']",
+        "demo.rl_data=warmup_data",
+        "~demo.stages.stage2",
+        "demo.evaluate=false",
+        "retrieval.pool.retriever=dense",
+        "mining.pool.retriever=dense",
+        "mining.pool.k=6",
+    ]
+    assert run_demo(compose(overrides), overrides) is None
+    out = capsys.readouterr().out
+    assert "no mining: every stage trains on the warm-start data" in out
+    assert not (tmp_path / "mine").exists()
+    records = [json.loads(x) for x in (tmp_path / "warmup_data" / "mined.jsonl").open()]
+    kept = sum(r["kept"] and r["split"] == "train" for r in records)
+    assert f"[stage1] {kept} train" in out  # Stage I read the warm-start records
+    assert json.loads((tmp_path / "pickers.json").read_text())["stage1"].endswith("final")
+    model = load_embedder()
+    for r in records:
+        pool = encode(model, [f"{p['title']} {p['text']}" for p in r["pool"]])
+        cosines = pool @ encode(model, [r["question"]])[0]
+        assert len(r["pool"]) == 6 and np.all(np.diff(cosines) <= 1e-5)

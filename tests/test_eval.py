@@ -95,6 +95,28 @@ def test_each_baseline_selects_from_real_samples(tmp_path):
         assert {p.pid for p in sel["oracle"][i].passages} == gold and gold
 
 
+def test_a_dense_pool_is_what_the_pool_methods_read_and_bm25_topk_is_unchanged(tmp_path):
+    """retrieval.pool.retriever=dense: the inference pool (the picker's, full_pool's and
+    adaptive's) is the dense top-k in dense order; BM25 Top-K still ranks by BM25."""
+    dense = ["retrieval.pool.retriever=dense", "mining.pool.retriever=dense"]
+    cfg, ref = _cfg(tmp_path / "dense", *dense), _cfg(tmp_path / "bm25")
+    for c in (cfg, ref):
+        c.data.sources = [
+            type(c.data.sources[0])(str(SAMPLES / "hotpotqa_distractor_30.jsonl"), "hotpotqa", 4)
+        ]
+    items, ref_items = retrieve(cfg), retrieve(ref)
+    sel, ref_sel = select(cfg, items), select(ref, ref_items)
+    assert any(r.pool != b.pool for r, b in zip(items, ref_items, strict=True))
+    for i, r in enumerate(items):
+        assert r.pool == [int(j) for j in np.argsort(-r.dense, kind="stable")[:6]]
+        assert sel["full_pool"][i].passages == [r.item.passages[j] for j in r.pool]
+        cut = sel["adaptive"][i].passages
+        scores = [float(r.dense[j]) for j in r.pool]
+        assert cut == sel["full_pool"][i].passages[: M.largest_gap_cutoff(scores)]
+        assert sel["bm25@2"][i].passages == ref_sel["bm25@2"][i].passages
+        assert sel["dense@2"][i].passages == sel["full_pool"][i].passages[:2]
+
+
 def test_a_picker_recorded_for_every_question_does_not_run_again(tmp_path):
     """Re-running an evaluation must not redo a picker's inference when every question has its
     record: the picker is not even loaded (this folder holds no model)."""

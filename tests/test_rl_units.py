@@ -147,7 +147,7 @@ def test_trained_picker_folder_carries_its_prompt(tmp_path):
     # A later config with another prompt does not change what the trained picker is asked.
     other = compose(["picker.instruction=Something else", "picker.max_passage_words=3"])
     assert picker_spec(other) != picker_spec(cfg)
-    picker = Picker.from_folder(tmp_path, engine=None)
+    picker = Picker.from_pretrained(tmp_path, engine=lambda folder: None, count_tokens=len)
     assert picker.chats([ex.question], [list(ex.passages)]) == [training_chat]
     assert training_chat[0]["content"] == cfg.picker.instruction
     (tmp_path / "picker.json").write_text('{"instruction": "x", "max_passages": 2}')

@@ -145,7 +145,7 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
     from ctxpick.picker.inference import Picker
 
     ex = load_picker_examples(root / "mine" / "mined.jsonl", 4, 0)["train"][0]
-    picker = Picker.from_folder(ref, run.engines)
+    picker = Picker.from_pretrained(ref, engine=lambda folder: run.engines)
     [chat] = picker.chats([ex.question], [list(ex.passages)])
     assert chat == picker_spec(ref_cfg).chat(ex.question, ex.passages)
     assert chat[0]["content"] == ref_cfg.picker.instruction

@@ -31,7 +31,6 @@ from ctxpick.jsonl import JsonlWriter, read_done
 from ctxpick.judge.judges import JudgeItem, make_judge
 from ctxpick.judge.rules import exact_match, token_f1
 from ctxpick.picker.inference import Picker
-from ctxpick.picker.spec import PickerSpec
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
 from ctxpick.tracking import Tracker
@@ -66,17 +65,14 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
         cfg.data.sources, cfg.data.strict, Path(cfg.output_dir) / "rejects.jsonl"
     )
     chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
-    bm25 = PoolBuilder(cfg.retrieval.pool)
-    dense = None
-    if "dense" in cfg.eval.methods:
-        from ctxpick.retrieval.embed import DenseRetriever
-
-        dense = DenseRetriever(cfg.retrieval.chunking.embedder)
+    pools = PoolBuilder(cfg.retrieval.pool)
+    by = cfg.retrieval.pool.retriever
     out = []
     for item in chunked:
-        scores = bm25.scores(item)
-        pool = [int(i) for i in M.top_k(scores, cfg.retrieval.pool.k)]
-        out.append(M.Retrieved(item, scores, pool, dense.scores(item) if dense else None))
+        dense = pools.dense_scores(item) if "dense" in cfg.eval.methods or by == "dense" else None
+        r = M.Retrieved(item, pools.bm25_scores(item), [], dense, by)
+        r.pool = [int(i) for i in M.top_k(r.pool_scores, cfg.retrieval.pool.k)]
+        out.append(r)
     return out
 
 
@@ -108,11 +104,12 @@ def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]
     if not (Path(path) / "config.json").exists():
         raise ConfigError(f"eval.pickers: {path} is not a model folder (a stage's final/)")
     try:
-        spec = PickerSpec.load(path)  # before any engine starts: fail fast
-    except (OSError, ValueError) as err:
+        picker = Picker.from_pretrained(
+            path, engine=lambda folder: EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed)
+        )
+    except (OSError, ValueError) as err:  # the prompt is read before any engine starts
         raise ConfigError(f"eval.pickers: {err}") from None
-    engines = EnginePool.from_config(path, cfg.rl.rollout, cfg.seed)
-    picker = Picker(engines, spec)
+    engines = picker.engine
     t0 = time.time()
     picks = picker.decide(
         [r.item.example.question for r in items],
@@ -130,7 +127,7 @@ def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]
                 "pick_invalid_reason": pk.reason,
                 # for the collapse diagnostics (ctxpick/picker/diagnostics.py)
                 "pick_ids": list(pk.ids) if pk.ids is not None else None,
-                "shown_pids": [r.item.passages[i].pid for i in r.pool[: spec.max_passages]],
+                "shown_pids": [r.item.passages[i].pid for i in r.pool[: picker.spec.max_passages]],
                 "gold_pids": r.item.gold_pids,
             },
         )
@@ -201,10 +198,14 @@ def run_eval(cfg: Config) -> EvalRun:
     # under other settings (another picker, prompt, budget, generator) stay in the file but
     # are never reported.
     prints = {label: fingerprint(cfg, label) for label in all_labels(cfg, items)}
+    keys = {
+        label: [_record_id(r.item.example.id, label, fp) for r in items]
+        for label, fp in prints.items()
+    }
     done = read_done(records_path)
 
     def recorded(label: str) -> bool:
-        return all(_record_id(r.item.example.id, label, prints[label]) in done for r in items)
+        return all(key in done for key in keys[label])
 
     print(f"[2/4] selecting: {len(items)} questions", flush=True)
     selections = select(cfg, items, recorded)
@@ -213,9 +214,8 @@ def run_eval(cfg: Config) -> EvalRun:
     todos = {
         label: [
             (r, sel)
-            for r, sel in zip(items, rows, strict=True)
-            if sel.passages is not None
-            and _record_id(r.item.example.id, label, prints[label]) not in done
+            for r, sel, key in zip(items, rows, keys[label], strict=True)
+            if sel.passages is not None and key not in done
         ]
         for label, rows in selections.items()
     }
@@ -243,9 +243,8 @@ def run_eval(cfg: Config) -> EvalRun:
     current = [
         done[key]
         for label, rows in selections.items()
-        for r, sel in zip(items, rows, strict=True)
-        if sel.passages is not None
-        and (key := _record_id(r.item.example.id, label, prints[label])) in done
+        for sel, key in zip(rows, keys[label], strict=True)
+        if sel.passages is not None and key in done
     ]
     results = aggregate(current, timings)
     budget = f"token budget {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"

@@ -4,8 +4,10 @@ the generator will read; the token budget then caps what any of them may send.
 * ``none``       -- no retrieval: the generator answers from the question alone.
 * ``bm25``       -- Top-K by BM25 over the question, for each K in ``eval.topk``.
 * ``dense``      -- Top-K by cosine similarity of the bundled MiniLM embeddings.
-* ``adaptive``   -- the BM25 pool cut at its largest score gap (a classic adaptive cutoff).
-* ``full_pool``  -- the whole inference pool (BM25 top ``retrieval.pool.k``).
+* ``adaptive``   -- the inference pool cut at its retriever's largest score gap (a classic
+  adaptive cutoff).
+* ``full_pool``  -- the whole inference pool (top ``retrieval.pool.k`` by
+  ``retrieval.pool.retriever``: BM25 or dense).
 * ``oracle``     -- the human gold evidence (datasets that annotate it).
 * ``picker``     -- each picker checkpoint in ``eval.pickers`` reading the inference pool.
 """
@@ -33,6 +35,14 @@ class Retrieved:
     bm25: np.ndarray  # BM25 score of each passage for the question
     pool: list[int]  # indices of the inference pool, best first
     dense: np.ndarray | None = None  # cosine similarity, when dense methods run
+    pool_retriever: str = "bm25"  # what ranked the pool (retrieval.pool.retriever)
+
+    @property
+    def pool_scores(self) -> np.ndarray:
+        """The pool retriever's scores, by passage index."""
+        scores = self.dense if self.pool_retriever == "dense" else self.bm25
+        assert scores is not None, "a dense pool is built from dense scores"
+        return scores
 
 
 @dataclass
@@ -78,7 +88,7 @@ def largest_gap_cutoff(scores: Sequence[float], min_k: int = 1) -> int:
 
 
 def adaptive(r: Retrieved, min_k: int = 1) -> list[Passage]:
-    keep = largest_gap_cutoff([float(r.bm25[i]) for i in r.pool], min_k)
+    keep = largest_gap_cutoff([float(r.pool_scores[i]) for i in r.pool], min_k)
     return [r.item.passages[i] for i in r.pool[:keep]]
 
 

@@ -118,34 +118,36 @@ class Picker:
             raise ValueError("picker fallback_k: expected >= 1")
 
     @classmethod
-    def from_folder(cls, folder: str | Path, engine: Engine, **options: Any) -> Picker:
-        """The one way to load a trained picker: ``engine`` serves the folder's weights."""
-        return cls(engine, PickerSpec.load(folder), **options)
-
-    @classmethod
     def from_pretrained(
         cls,
         path_or_alias: str | Path,
         *,
+        engine: Callable[[str], Engine] | None = None,
         max_model_len: int = 4096,
         cpu_kv_cache_gb: int = 1,
         seed: int = 0,
         **options: Any,
     ) -> Picker:
-        """A picker with its own in-process vLLM engine. ``path_or_alias``: a trained model
-        folder (``.../final``), a run folder (its ``pickers.json``: the last stage), or a
-        built-in model alias (untrained: its config's prompt, and mostly fallbacks)."""
-        from ctxpick.engines.vllm_engine import VLLMEngine
-
+        """The one way to load a picker. ``path_or_alias``: a trained model folder
+        (``.../final``), a run folder (its ``pickers.json``: the last stage), or a built-in
+        model alias (untrained: its config's prompt, and mostly fallbacks). ``engine`` builds
+        the engine from the model folder (an :class:`~ctxpick.engines.ray_pool.EnginePool` in
+        evaluation and serving); by default an in-process vLLM engine. The prompt is read
+        before any engine starts, so a bad folder fails fast."""
         folder, spec = resolve_picker(path_or_alias)
-        engine = VLLMEngine(
-            folder, max_model_len=max_model_len, cpu_kv_cache_gb=cpu_kv_cache_gb, seed=seed
-        )
+        spec = spec or PickerSpec.load(folder)
+        if engine is None:
+            from ctxpick.engines.vllm_engine import VLLMEngine
+
+            def engine(folder: str) -> Engine:
+                return VLLMEngine(
+                    folder, max_model_len=max_model_len, cpu_kv_cache_gb=cpu_kv_cache_gb, seed=seed
+                )
+
         options.setdefault("name", str(path_or_alias))
-        options.setdefault("count_tokens", token_counter(folder))
-        if spec is None:
-            return cls.from_folder(folder, engine, **options)
-        return cls(engine, spec, **options)
+        if "count_tokens" not in options:  # loading a tokenizer costs a second: only if needed
+            options["count_tokens"] = token_counter(folder)
+        return cls(engine(folder), spec, **options)
 
     def chats(self, questions: Sequence[str], pools: Sequence[Sequence[Passage]]) -> list[Chat]:
         return [self.spec.chat(q, ps) for q, ps in zip(questions, pools, strict=True)]
@@ -186,9 +188,7 @@ class Picker:
         if not len(questions) == len(candidates) == len(budgets):
             raise ValueError("pick_many: questions, candidates and token_budgets differ in length")
         pools = [as_passages(c) for c in candidates]
-        counts = token_counts or [
-            [self.count_tokens(format_passages([p])) for p in ps] for ps in pools
-        ]
+        counts = token_counts or [passage_tokens(self.count_tokens, ps) for ps in pools]
         t0 = time.perf_counter()
         decisions = self.decide(questions, pools)
         latency = (time.perf_counter() - t0) * 1000
@@ -244,6 +244,11 @@ def token_counter(folder: str) -> Callable[[str], int]:
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
+def passage_tokens(count_tokens: Callable[[str], int], passages: Sequence[Passage]) -> list[int]:
+    """Each passage's tokens as the generator reads it (its context line)."""
+    return [count_tokens(format_passages([p])) for p in passages]
+
+
 def generate_picks(
     engine: Engine,
     chats: list[Chat],
@@ -272,7 +277,7 @@ def generate_picks(
 
 def resolve_picker(ref: str | Path) -> tuple[str, PickerSpec | None]:
     """A picker reference as (model folder, spec); the spec is None when the folder carries
-    its own ``picker.json`` (read by :meth:`Picker.from_folder`)."""
+    its own ``picker.json`` (read by :meth:`Picker.from_pretrained`)."""
     import json
 
     path = Path(ref).expanduser()

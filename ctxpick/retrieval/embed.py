@@ -51,9 +51,10 @@ class DenseRetriever:
         self.model = load_embedder(ref)
         self._corpus: tuple[str, Any] | None = None
 
-    def scores(self, item: Any) -> Any:
-        """``item``: a :class:`~ctxpick.data.schema.ChunkedExample`."""
+    def scores(self, item: Any, query: str | None = None) -> Any:
+        """``item``: a :class:`~ctxpick.data.schema.ChunkedExample`; ``query``: its question
+        unless given (mining pools query the question with its answer)."""
         cid = item.example.corpus_id
         if self._corpus is None or self._corpus[0] != cid:
             self._corpus = (cid, encode(self.model, [f"{p.title} {p.text}" for p in item.passages]))
-        return self._corpus[1] @ encode(self.model, [item.example.question])[0]
+        return self._corpus[1] @ encode(self.model, [query or item.example.question])[0]

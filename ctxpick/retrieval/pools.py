@@ -1,5 +1,6 @@
-"""Candidate pools: BM25 over an example's passages, queried with the question (inference) or
-the question plus its gold answer (mining, so the pool very likely holds the evidence)."""
+"""Candidate pools: an example's passages ranked by BM25 or by the bundled dense embedder,
+queried with the question (inference) or the question plus its gold answer (mining, so the
+pool very likely holds the evidence)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ import numpy as np
 from ctxpick.data.schema import ChunkedExample, Pool
 from ctxpick.retrieval.bm25 import BM25Index, build_index, tokenize, top_k
 
+RETRIEVERS = ("bm25", "dense")
+
 
 @dataclass
 class PoolConfig:
     k: int = 20
     query: str = "question"  # question | question_answer
+    # What ranks the pool, and so the order the picker reads it in: bm25 | dense (cosine
+    # similarity under `embedder`, which sees the passages BM25's word overlap misses).
+    retriever: str = "bm25"
+    embedder: str = "all-minilm-l6-v2"
     backend: str = "sparse"
     k1: float = 1.5
     b: float = 0.75
@@ -24,6 +31,8 @@ class PoolConfig:
             raise ValueError(f"pool k must be positive, got {self.k}")
         if self.query not in ("question", "question_answer"):
             raise ValueError(f"pool query must be question or question_answer, not {self.query!r}")
+        if self.retriever not in RETRIEVERS:
+            raise ValueError(f"pool retriever must be bm25 or dense, not {self.retriever!r}")
         if self.backend not in ("sparse", "rank_bm25"):
             raise ValueError(f"pool backend must be sparse or rank_bm25, not {self.backend!r}")
 
@@ -32,6 +41,7 @@ class PoolBuilder:
     def __init__(self, cfg: PoolConfig) -> None:
         self.cfg = cfg
         self._index: tuple[str, BM25Index] | None = None
+        self._dense = None
 
     def _corpus_index(self, item: ChunkedExample) -> BM25Index:
         # Examples of one corpus arrive together (LoCoMo questions per conversation): keep the
@@ -43,13 +53,29 @@ class PoolBuilder:
             self._index = (cid, index)
         return self._index[1]
 
-    def scores(self, item: ChunkedExample) -> np.ndarray:
-        """BM25 score of every passage of ``item`` for the configured query."""
+    def _query(self, item: ChunkedExample) -> str:
         ex = item.example
-        query = ex.question
         if self.cfg.query == "question_answer":
-            query += " " + " ".join(ex.answers)
-        return np.asarray(self._corpus_index(item).get_scores(tokenize(query)))
+            return ex.question + " " + " ".join(ex.answers)
+        return ex.question
+
+    def bm25_scores(self, item: ChunkedExample) -> np.ndarray:
+        """BM25 score of every passage of ``item`` for the configured query."""
+        return np.asarray(self._corpus_index(item).get_scores(tokenize(self._query(item))))
+
+    def dense_scores(self, item: ChunkedExample) -> np.ndarray:
+        """Cosine similarity of every passage of ``item`` to the configured query."""
+        if self._dense is None:
+            from ctxpick.retrieval.embed import DenseRetriever  # loads torch: only when used
+
+            self._dense = DenseRetriever(self.cfg.embedder)
+        return np.asarray(self._dense.scores(item, self._query(item)))
+
+    def scores(self, item: ChunkedExample) -> np.ndarray:
+        """The pool retriever's score of every passage of ``item``."""
+        if self.cfg.retriever == "dense":
+            return self.dense_scores(item)
+        return self.bm25_scores(item)
 
     def build(self, item: ChunkedExample) -> Pool:
         ex = item.example

@@ -29,13 +29,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from starlette.exceptions import HTTPException
 
-from ctxpick.engines.prompts import format_passages
 from ctxpick.engines.ray_pool import EnginePool, init_ray
 from ctxpick.picker.inference import (
     Picker,
     Selection,
     as_passages,
     caller_id,
+    passage_tokens,
     resolve_picker,
     token_counter,
 )
@@ -190,14 +190,12 @@ class Service:
     """One ingress replica's state: settings, the engine handle, the audit log."""
 
     def __init__(self, cfg: ServeConfig, engine: Any) -> None:
-        from transformers import AutoTokenizer
-
         self.cfg, self.engine = cfg, engine
         folder, spec = resolve_picker(cfg.picker)
         self.spec = spec or PickerSpec.load(folder)
         self.model = cfg.picker
         self.version = self.spec.version
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.count_tokens = token_counter(folder)
         self.audit = AuditLog(cfg.audit.path, cfg.audit.store_text)
         self.api_key = ""
         if cfg.api_key_env:
@@ -227,10 +225,7 @@ class Service:
                 f"{size} bytes of text exceed {lim.max_request_bytes}",
                 "serve.limits.max_request_bytes",
             )
-        sizes = [
-            len(self.tokenizer.encode(format_passages([p]), add_special_tokens=False))
-            for p in passages
-        ]
+        sizes = passage_tokens(self.count_tokens, passages)
         if (tokens := sum(sizes)) > lim.max_tokens_in:
             raise ApiError(
                 413,
@@ -514,24 +509,21 @@ class PickerEngine:
     and dies with it; a dead engine actor is replaced by the pool and its batch redone."""
 
     def __init__(self, cfg: ServeConfig) -> None:
-        folder, spec = resolve_picker(cfg.picker)
-        engine = EnginePool.start(
-            folder,
-            1,
-            num_cpus=cfg.num_cpus_per_replica,
-            num_gpus=cfg.num_gpus_per_replica,
-            batch_size=cfg.max_batch_size,
-            max_model_len=cfg.max_model_len,
-            cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
-        )
-        self.picker = Picker(
-            engine,
-            spec or PickerSpec.load(folder),
+        self.picker = Picker.from_pretrained(
+            cfg.picker,
+            engine=lambda folder: EnginePool.start(
+                folder,
+                1,
+                num_cpus=cfg.num_cpus_per_replica,
+                num_gpus=cfg.num_gpus_per_replica,
+                batch_size=cfg.max_batch_size,
+                max_model_len=cfg.max_model_len,
+                cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
+            ),
             fallback=cfg.fallback,
             fallback_k=cfg.fallback_k,
             constrained=cfg.constrained,
             name=cfg.picker,
-            count_tokens=token_counter(folder),
         )
         # One thread makes every (blocking) engine call: one batch at a time, while the next
         # queues in the Batcher.
