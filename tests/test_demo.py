@@ -2,6 +2,7 @@
 Stage II -> evaluation against the baselines, with the real engines on the test cluster."""
 
 import json
+import re
 
 import pytest
 
@@ -108,6 +109,9 @@ def test_a_main_job_on_its_own_dense_pools_trains_grpo_on_the_warm_start_data(
     records = [json.loads(x) for x in (tmp_path / "warmup_data" / "mined.jsonl").open()]
     kept = sum(r["kept"] and r["split"] == "train" for r in records)
     assert f"[stage1] {kept} train" in out  # Stage I read the warm-start records
+    # Each validation with invalid greedy outputs says why they are invalid
+    partly_valid = [v for v in re.findall(r"val reward \S+ valid (\d+)%", out) if v != "100"]
+    assert len(re.findall(r"validation: \d+/\d+ invalid: \S", out)) == len(partly_valid)
     assert json.loads((tmp_path / "pickers.json").read_text())["stage1"].endswith("final")
     model = load_embedder()
     for r in records:

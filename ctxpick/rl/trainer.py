@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -217,7 +218,13 @@ def validate(run: Run, val: list[PickerExample], spec: RewardSpec) -> dict[str, 
     picker = picker_spec(run.cfg)
     groups = sample_groups(run.engines, val, picker, _sampling(run.cfg, 0, True))
     terms = run.rewards.score(reward_requests(groups), spec)
-    metrics = _term_means([t for ts in terms for t in ts])
+    flat = [t for ts in terms for t in ts]
+    if invalid := Counter(t.reason for t in flat if not t.format_ok):
+        # Why greedy outputs fail is what a warm start needs to know (e.g. ids counted on
+        # 1, 2, 3, ... until the rationale runs past picker.max_tokens), not just how many do.
+        reasons = ", ".join(f"{why} ({n})" for why, n in invalid.most_common(3))
+        print(f"    validation: {invalid.total()}/{len(flat)} invalid: {reasons}", flush=True)
+    metrics = _term_means(flat)
     d = diagnose([_pick_record(g, picker.output_format) for g in groups])
     metrics |= {
         "distinct_sets": d.distinct_sets,
