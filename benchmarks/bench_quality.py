@@ -31,7 +31,7 @@ from common import REPO, SHARED
 ABLATIONS = {
     "no_stage1": "w/o Stage I",
     "no_rationale": "w/o rationale (ids only)",
-    "no_redundancy": "w/o redundancy term (gamma = 0)",
+    "no_redundancy": "w/o redundancy term (gamma = 0, no margin cut)",
     "warmup_only": "warm start only (no RL)",
     "human_rl": "lever: GRPO on the human evidence",  # not a paper ablation
     "qwen_lora": "lever: Qwen2.5-Coder-0.5B + LoRA picker, GRPO on the human evidence",

@@ -27,8 +27,8 @@ from common import data_file
 from ctxpick.config import compose
 from ctxpick.data.loaders import load_examples
 from ctxpick.engines.base import SamplingConfig
-from ctxpick.picker.inference import as_passages, resolve_picker
-from ctxpick.picker.spec import PickerSpec
+from ctxpick.picker.inference import load_spec
+from ctxpick.picker.selection import as_passages
 from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
 from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
 
@@ -91,8 +91,7 @@ def main() -> None:
     ap.add_argument("--batch-wait", type=float, default=0.1, help="serve.batch_wait_timeout_s")
     args = ap.parse_args()
     sizes = [int(x) for x in args.requests.split(",")]
-    folder, spec = resolve_picker(args.picker)
-    spec = spec or PickerSpec.load(folder)
+    folder, spec = load_spec(args.picker)
     bodies = requests_from_data(sum(sizes), spec.max_passages)
     slices, start = [], 0
     for n in sizes:

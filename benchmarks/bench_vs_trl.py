@@ -88,7 +88,7 @@ def stage_overrides(args: argparse.Namespace, out: Path, warm: Path, name: str) 
         f"rl.prompts_per_step={args.prompts}",
         "rl.val_every=1000",
         "rl.save_every=1000",
-        "rewards.eq8=described",
+        "stage.eq8=described",
     )
 
 

@@ -5,12 +5,15 @@ On one GPU it runs the real trainer: a vLLM CUDA rollout engine and a DeepSpeed 
 as Ray actors sharing the GPU (0.45 of it each), weights pushed learner -> vLLM after every
 update with vLLM's own weight transfer (``ipc`` when colocated on one GPU, ``nccl`` across
 GPUs: ``rl.weight_transfer=auto``), a short warm start then ``--steps`` GRPO steps on the
-bundled HotpotQA sample (human gold evidence as the target set). It then checks the transfer:
-log-probs of fresh rollouts under the engine and under the learner must agree. It prints,
+bundled HotpotQA sample (human gold evidence as the target set). The GRPO stage runs twice:
+full fine-tuning (whole weights by ``ipc``/``nccl``) and LoRA (``--lora`` rank: the adapter
+alone through the object store, served by vLLM's CUDA LoRA kernels: ``rl.lora_sync=adapter``,
+``rl.adapter_serving=auto``). Each checks its sync: log-probs of fresh rollouts under the
+engine and under the learner must agree. It prints,
 and writes into benchmarks/RESULTS.md (between the gpu-smoke markers): sync time, rollout
 generated tok/s, learner tok/s and model FLOPs utilisation against the GPU's bf16 dense peak.
 
-Run: .venv/bin/python benchmarks/gpu_smoke.py [--model smollm2-135m --steps 3 --zero 2]
+Run: .venv/bin/python benchmarks/gpu_smoke.py [--model smollm2-135m --steps 3 --zero 2 --lora 16]
 """
 
 from __future__ import annotations
@@ -55,6 +58,48 @@ def mined(out: Path) -> Path:
     return path
 
 
+def grpo_stage(
+    common: list[str], out: Path, warm: Path, steps: int, extra: list[str]
+) -> tuple[str, list[dict], float]:
+    """A GRPO stage from the warm start; returns its weight transfer, its metrics rows and
+    the mean |learner - engine| log-prob of fresh rollouts after the last sync."""
+    from ctxpick.config import compose, picker_spec
+    from ctxpick.engines.base import SamplingConfig
+    from ctxpick.picker.examples import load_picker_examples
+    from ctxpick.rl.batching import TrainSequence
+    from ctxpick.rl.run import Run
+    from ctxpick.rl.trainer import train
+
+    cfg = compose(
+        [
+            *common,
+            f"output_dir={out}",
+            "stage=stage1",
+            f"stage.init_from={warm}",
+            f"stage.max_steps={steps}",
+            "stage.group_size=8",
+            "stage.lr=1e-5",
+            *extra,
+        ]
+    )
+    run = Run(cfg)
+    mode = run.transfer + (" (vLLM LoRA)" if run.serves_lora else "")
+    train(cfg, run=run)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    # The transfer moved the weights: fresh rollouts score the same under the learner.
+    exs = load_picker_examples(Path(cfg.rl.mined), 8, 0)["train"][:4]
+    chats = [picker_spec(cfg).chat(e.question, e.passages) for e in exs]
+    sampling = SamplingConfig(1.0, max_tokens=32, n=2, seed=1, logprobs=True)
+    samples = [c for o in run.engines.generate(chats, sampling) for c in o]
+    seqs = [
+        TrainSequence(c.prompt_token_ids + c.token_ids, len(c.prompt_token_ids)) for c in samples
+    ]
+    learner = [x for lp in run.learners.call("logprobs", seqs, 1.0)[0] for x in lp]
+    engine = [x for c in samples for x in c.logprobs]
+    run.shutdown()
+    return mode, rows, mean(abs(a - b) for a, b in zip(learner, engine, strict=True))
+
+
 def main() -> None:
     import torch
 
@@ -62,6 +107,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--zero", type=int, default=2)
+    ap.add_argument("--lora", type=int, default=16, help="LoRA rank of the second GRPO run")
     ap.add_argument("--peak-tflops", type=float)
     ap.add_argument("--out", default=str(REPO / "outputs" / "gpu_smoke"))
     args = ap.parse_args()
@@ -72,10 +118,8 @@ def main() -> None:
     out = Path(args.out)
     mined(out)
 
-    from ctxpick.config import compose, picker_spec
-    from ctxpick.engines.base import SamplingConfig
-    from ctxpick.rl.learner import TrainSequence
-    from ctxpick.rl.trainer import Run, train
+    from ctxpick.config import compose
+    from ctxpick.rl.trainer import train
 
     common = [
         f"rl.mined={out / 'mine' / 'mined.jsonl'}",
@@ -98,36 +142,16 @@ def main() -> None:
     warm = train(
         compose([*common, f"output_dir={out}/warmup", "stage=warmup", "stage.max_steps=8"])
     )
-    cfg = compose(
-        [
-            *common,
-            f"output_dir={out}/stage1",
-            "stage=stage1",
-            f"stage.init_from={warm}",
-            f"stage.max_steps={args.steps}",
-            "stage.group_size=8",
-            "stage.lr=1e-5",
-        ]
-    )
-    run = Run(cfg)
-    mode = run.transfer
-    train(cfg, run=run)
-    rows = [json.loads(line) for line in (out / "stage1" / "metrics.jsonl").open()]
-
-    # The transfer moved the weights: fresh rollouts score the same under the learner.
-    from ctxpick.picker.examples import load_picker_examples
-
-    exs = load_picker_examples(Path(cfg.rl.mined), 8, 0)["train"][:4]
-    chats = [picker_spec(cfg).chat(e.question, e.passages) for e in exs]
-    sampling = SamplingConfig(1.0, max_tokens=32, n=2, seed=1, logprobs=True)
-    samples = [c for o in run.engines.generate(chats, sampling) for c in o]
-    seqs = [
-        TrainSequence(c.prompt_token_ids + c.token_ids, len(c.prompt_token_ids)) for c in samples
-    ]
-    learner = [x for lp in run.learners.call("logprobs", seqs, 1.0)[0] for x in lp]
-    engine = [x for c in samples for x in c.logprobs]
-    gap = mean(abs(a - b) for a, b in zip(learner, engine, strict=True))
-    run.shutdown()
+    runs = {
+        "full": grpo_stage(common, out / "stage1", warm, args.steps, []),
+        "lora": grpo_stage(
+            common,
+            out / "stage1_lora",
+            warm,
+            args.steps,
+            [f"rl.learner.lora_rank={args.lora}", "stage.lr=1e-4"],
+        ),
+    }
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -136,36 +160,55 @@ def main() -> None:
     with torch.device("meta"):  # count parameters without allocating them
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve(args.model)))
     params = sum(p.numel() for p in model.parameters())
-    timed = rows[1:] or rows  # step 1 pays one-off compilation and cache warm-up
-    rollout_tps = sum(r["tokens"] for r in timed) / sum(r["time/rollout"] for r in timed)
-    learn_tokens = sum(r["tokens"] + r["prompt_tokens"] for r in timed)
-    learn_s = sum(r["time/learn"] for r in timed)
-    mfu = 6 * params * learn_tokens / learn_s / (peak * 1e12)
-    sync_s = mean(r["time/sync"] for r in timed)
-    step_s = mean(r["time/step"] for r in timed)
+
+    def column(name: str) -> list[str]:
+        mode, rows, gap = runs[name]
+        timed = rows[1:] or rows  # step 1 pays one-off compilation and cache warm-up
+        rollout_tps = sum(r["tokens"] for r in timed) / sum(r["time/rollout"] for r in timed)
+        learn_tokens = sum(r["tokens"] + r["prompt_tokens"] for r in timed)
+        learn_s = sum(r["time/learn"] for r in timed)
+        sync_s = mean(r["time/sync"] for r in timed)
+        step_s = mean(r["time/step"] for r in timed)
+        return [
+            mode,
+            f"{step_s:.2f}",
+            f"{sync_s:.3f} ({sync_s / step_s:.1%} of the step)",
+            f"{rollout_tps:.0f}",
+            f"{learn_tokens / learn_s:.0f}",
+            # LoRA trains a sliver of the parameters but runs the whole forward/backward
+            f"{6 * params * learn_tokens / learn_s / (peak * 1e12):.2%}",
+            f"{gap:.4f}",
+        ]
+
+    labels = [
+        "weight transfer",
+        "step time (s)",
+        "weight sync (s)",
+        "rollout generated tok/s",
+        "learner tok/s (prompt once per group + responses)",
+        "learner MFU (6 N tokens / time / peak)",
+        "mean |learner - engine| log-prob after sync",
+    ]
+    full, lora = column("full"), column("lora")
     table = "\n".join(
         [
             f"GPU: {gpu} (bf16 dense peak {peak:.0f} TFLOP/s); model {args.model} "
-            f"({params / 1e6:.0f}M parameters); ZeRO-{args.zero}; weight transfer: {mode}; "
+            f"({params / 1e6:.0f}M parameters); ZeRO-{args.zero}; "
             f"{args.steps} GRPO steps x 8 prompts x 8 samples; {time.strftime('%Y-%m-%d')}",
             "",
-            "| metric | value |",
-            "|---|---|",
-            f"| step time (s) | {step_s:.2f} |",
-            f"| weight sync (s) | {sync_s:.3f} ({sync_s / step_s:.1%} of the step) |",
-            f"| rollout generated tok/s | {rollout_tps:.0f} |",
-            f"| learner tok/s (prompt once per group + responses) | {learn_tokens / learn_s:.0f} |",
-            f"| learner MFU (6 N tokens / time / peak) | {mfu:.2%} |",
-            f"| mean |learner - engine| log-prob after sync | {gap:.4f} |",
-            f"| wall time, warm start included (s) | {time.time() - t0:.0f} |",
+            f"| metric | full fine-tune | LoRA rank {args.lora} |",
+            "|---|---|---|",
+            *[f"| {k} | {a} | {b} |" for k, a, b in zip(labels, full, lora, strict=True)],
+            f"| wall time, warm start included (s) | {time.time() - t0:.0f} | |",
         ]
     )
     print(table)
     text = RESULTS.read_text()
     block = f"{BEGIN}\n{table}\n{END}"
     RESULTS.write_text(re.sub(f"{BEGIN}.*?{END}", lambda _: block, text, flags=re.DOTALL))
-    if gap > 0.1:
-        raise SystemExit(f"weight transfer check failed: log-prob gap {gap:.4f}")
+    for name, (mode, _, gap) in runs.items():
+        if gap > 0.1:
+            raise SystemExit(f"{name} ({mode}) weight sync check failed: log-prob gap {gap:.4f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ start-up, so an unknown key or a bad value fails before any work starts."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,14 @@ from ctxpick.engines.http_engine import HTTPEngineConfig
 from ctxpick.engines.ray_pool import EngineConfig
 from ctxpick.judge.judges import JudgeConfig
 from ctxpick.mining.rewrites import DEFAULT_REWRITE_SYSTEM
+from ctxpick.paths import CONF_DIR, SAMPLES_DIR
 from ctxpick.picker.format import FORMATS
-from ctxpick.picker.spec import PickerSpec
+from ctxpick.picker.spec import PickerSpec, pool_settings
 from ctxpick.retrieval.chunking import ChunkingConfig
 from ctxpick.retrieval.pools import PoolConfig
 from ctxpick.rewards.reward import EQ8_READINGS, RewardSpec
 from ctxpick.rl.learner import LearnerConfig
 from ctxpick.serve.settings import ServeConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO_ROOT / "conf"
-SAMPLES_DIR = Path(__file__).resolve().parent / "data" / "samples"
 
 
 class ConfigError(ValueError):
@@ -147,6 +144,10 @@ class StageConfig:
     # no reward (paper: loose in Stage I, tight in Stage II).
     redundancy_margin: int = 3
     gamma: float = 0.5
+    # The reading of Eq. 8 (ctxpick/rewards/reward.py): printed (coverage up to the margin:
+    # Stage I's recall) | described (every passage outside the gold set costs: Stage II's
+    # compression).
+    eq8: str = "printed"
     group_size: int = 8
     lr: float = 1e-6
     max_steps: int = 100
@@ -165,6 +166,8 @@ class StageConfig:
             raise ValueError("stage.redundancy_margin must be >= 0")
         if not 0 <= self.gamma <= 1:
             raise ValueError("stage.gamma must be in [0, 1]")
+        if self.eq8 not in EQ8_READINGS:
+            raise ValueError(f"stage.eq8 must be one of {EQ8_READINGS}, not {self.eq8!r}")
         if self.group_size < 2 and self.kind == "grpo":
             raise ValueError("stage.group_size must be >= 2 (GRPO normalises within a group)")
         if self.lr <= 0 or self.max_steps <= 0 or self.patience <= 0:
@@ -199,12 +202,14 @@ class PickerConfig:
 
 @dataclass
 class EvalConfig:
-    # none | bm25 | dense | adaptive | full_pool | oracle | picker (see ctxpick/eval/methods.py)
+    # none | bm25 | dense | crossenc | crossenc_threshold | adaptive | full_pool | oracle |
+    # picker | matched (see ctxpick/eval/methods.py)
     methods: list[str] = field(
         default_factory=lambda: [
             "none",
             "bm25",
             "dense",
+            "crossenc",
             "adaptive",
             "full_pool",
             "oracle",
@@ -217,9 +222,18 @@ class EvalConfig:
     pickers: dict[str, str] = field(default_factory=dict)  # label -> model folder
     adaptive_min_k: int = 1
     tokenizer: str = ""  # counts context tokens (empty: the generator's)
+    # What a picker sends when its output does not parse (top_k | all). A picker is evaluated
+    # as it is served: conf/config.yaml points both at serve.*, and these defaults are serve's.
+    picker_fallback: str = ServeConfig.fallback
+    picker_fallback_k: int = ServeConfig.fallback_k
+    # crossenc_threshold keeps the passages whose cross-encoder logit is at least this: the
+    # value that maximised evidence F1 on training-split questions, never on evaluation ones
+    # (benchmarks/tune_crossenc_threshold.py; benchmarks/RESULTS.md).
+    crossenc_threshold: float = 2.5
 
     def __post_init__(self) -> None:
         from ctxpick.eval.methods import METHODS
+        from ctxpick.picker.selection import FALLBACKS
 
         for m in self.methods:
             if m not in METHODS:
@@ -230,18 +244,23 @@ class EvalConfig:
             raise ValueError("eval.topk values must be >= 1")
         if self.token_budget is not None and self.token_budget < 1:
             raise ValueError("eval.token_budget must be >= 1 (or null)")
+        if self.picker_fallback not in FALLBACKS:
+            raise ValueError(
+                f"eval.picker_fallback {self.picker_fallback!r}: expected one of {FALLBACKS}"
+            )
+        if self.picker_fallback_k < 1:
+            raise ValueError("eval.picker_fallback_k must be >= 1")
+        if "matched" in self.methods and "picker" not in self.methods:
+            raise ValueError("eval.methods: matched rows take a picker's set sizes: add picker")
 
 
 @dataclass
 class RewardConfig:
-    eq8: str = "described"  # described | printed: the two readings of the paper's Eq. 8
     format_penalty: float = -1.0
     timeout_s: float = 30.0  # per request; a late request gets `fallback` and is logged
     fallback: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.eq8 not in EQ8_READINGS:
-            raise ValueError(f"rewards.eq8 must be one of {EQ8_READINGS}, not {self.eq8!r}")
         if self.timeout_s <= 0:
             raise ValueError("rewards.timeout_s must be > 0")
 
@@ -268,8 +287,22 @@ class RLConfig:
     val_size: int = 16  # validation prompts (greedy) per evaluation
     bucket_mb: int = 256  # weight-sync bucket size (object_store transfer)
     # auto | object_store | nccl | ipc: how weights reach the rollout workers
-    # (ctxpick/rl/weight_sync.py; auto picks by where learners and engines run)
+    # (ctxpick/rl/weight_sync.py; auto: ipc only where the placement puts each engine on a
+    # learner's GPU, ctxpick/rl/placement.py)
     weight_transfer: str = "auto"
+    # With LoRA (learner.lora_rank > 0): adapter -- engines serve the base model with vLLM's
+    # LoRA support and each sync ships the adapter alone, through the object store, on CPU and
+    # GPU alike; merged -- the whole merged model, by weight_transfer (as without LoRA).
+    lora_sync: str = "adapter"
+    # How engines apply the adapter: lora (vLLM's LoRA support) | merge (into their own
+    # weights: plain kernels) | auto (lora on GPU, merge on CPU, where vLLM's LoRA kernels
+    # made rollouts ~4x slower: benchmarks/RESULTS.md)
+    adapter_serving: str = "auto"
+    # DAPO's dynamic sampling: drop prompt groups whose samples all earn the same reward (no
+    # gradient) and draw more prompts until prompts_per_step groups carry signal, drawing at
+    # most max_prompt_draws prompts in a step (the first prompts_per_step included).
+    dynamic_sampling: bool = False
+    max_prompt_draws: int = 12
     samples_logged: int = 4  # rationales per step in the W&B table
 
     def __post_init__(self) -> None:
@@ -281,13 +314,26 @@ class RLConfig:
             raise ValueError(
                 "rl needs prompts_per_step, save_every, keep_checkpoints, val_every >= 1"
             )
+        if self.lora_sync not in ("adapter", "merged"):
+            raise ValueError(f"rl.lora_sync must be adapter or merged, not {self.lora_sync!r}")
+        if self.dynamic_sampling and self.max_prompt_draws < self.prompts_per_step:
+            raise ValueError(
+                f"rl.max_prompt_draws={self.max_prompt_draws} is below rl.prompts_per_step="
+                f"{self.prompts_per_step}: dynamic sampling draws at least one step's prompts"
+            )
         self.transfer_mode()  # validates the choice against the placement
+        self.serving_mode()
+
+    def serving_mode(self) -> str:
+        from ctxpick.rl.weight_sync import adapter_serving
+
+        return adapter_serving(self.adapter_serving, self.rollout)
 
     def transfer_mode(self) -> str:
         from ctxpick.rl.weight_sync import resolve_mode
 
-        gpus = self.learner.num_gpus_per_actor, self.rollout.num_gpus_per_actor
-        return resolve_mode(self.weight_transfer, *gpus)
+        adapter = self.learner.lora_rank > 0 and self.lora_sync == "adapter"
+        return resolve_mode(self.weight_transfer, self.rollout, self.learner, adapter)
 
 
 @dataclass
@@ -377,33 +423,42 @@ def _cross_checks(cfg: Config) -> None:
             f"invalid config: rl.learner.grpo.mini_batches = {rl.learner.grpo.mini_batches} "
             f"exceeds rl.prompts_per_step = {rl.prompts_per_step} prompt groups"
         )
-    for key in ("query", "retriever", "embedder"):
-        mined, shown = getattr(cfg.mining.pool, key), getattr(cfg.retrieval.pool, key)
-        if rl.pool_order == "pool" and mined != shown:
-            raise ConfigError(
-                f"invalid config: rl.pool_order=pool trains on the mining pool's order, ranked "
-                f"by mining.pool.{key}={mined!r}, but inference ranks by retrieval.pool.{key}="
-                f"{shown!r}: set mining.pool.{key}={shown} or rl.pool_order=shuffle"
-            )
+
+    def order(pool: PoolConfig) -> dict[str, Any]:  # what ranks a pool (k: only how many)
+        return {**pool_settings(pool, cfg.retrieval.chunking), "k": None}
+
+    mining, shown = cfg.mining.pool, cfg.retrieval.pool
+    if rl.pool_order == "pool" and order(mining) != order(shown):
+        keys = ("query", "retriever", "embedder", "reranker", "rerank_first_stage", "rerank_n")
+        key = next(k for k in keys if getattr(mining, k) != getattr(shown, k))
+        mined, used = getattr(mining, key), getattr(shown, key)
+        raise ConfigError(
+            f"invalid config: rl.pool_order=pool trains on the mining pool's order, ranked "
+            f"by mining.pool.{key}={mined!r}, but inference ranks by retrieval.pool.{key}="
+            f"{used!r}: set mining.pool.{key}={used} or rl.pool_order=shuffle"
+        )
     try:
         reward_spec(cfg)
     except ValueError as err:
-        raise ConfigError(f"invalid config in 'rewards': {err}") from None
+        raise ConfigError(f"invalid config in 'rewards'/'stage': {err}") from None
 
 
 def picker_spec(cfg: Config) -> PickerSpec:
-    """The prompt and passage cut the configured picker trains with (saved beside its weights)."""
-    p = cfg.picker
-    return PickerSpec(
-        p.instruction, p.max_passages, p.max_passage_words, p.max_tokens, FORMATS[p.output]
-    )
+    """The prompt, passage cut and pool the configured picker trains with (saved beside its
+    weights)."""
+    return PickerSpec.from_settings(asdict(cfg.picker), inference_pool(cfg))
+
+
+def inference_pool(cfg: Config) -> dict[str, Any]:
+    """The pool this config ranks candidates with, as ``picker.json`` records it."""
+    return pool_settings(cfg.retrieval.pool, cfg.retrieval.chunking, cfg.rl.pool_order)
 
 
 def reward_spec(cfg: Config) -> RewardSpec:
     """The reward the configured stage trains on."""
     s, r = cfg.stage, cfg.rewards
     return RewardSpec(
-        s.redundancy_margin, s.gamma, r.eq8, r.format_penalty, FORMATS[cfg.picker.output]
+        s.redundancy_margin, s.gamma, s.eq8, r.format_penalty, FORMATS[cfg.picker.output]
     )
 
 

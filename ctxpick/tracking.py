@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from ctxpick.paths import REPO_ROOT
 
 
 def git_commit() -> str:

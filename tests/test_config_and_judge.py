@@ -34,7 +34,7 @@ def test_demo_config_composes():
         # ranked with the answer, the pool's order would leak it into training
         ("mining.pool.query=question_answer", "rl.pool_order=pool trains on the mining pool"),
         ("retrieval.pool.retriever=dense", "ranked by mining.pool.retriever='bm25'"),
-        ("retrieval.pool.retriever=splade", "pool retriever must be bm25 or dense"),
+        ("retrieval.pool.retriever=splade", "pool retriever must be one of"),
         ("demo.reuse=[warmup]", "demo.reuse takes stages from another run"),
         ("demo.rl_data=human", "demo.rl_data must be mined or warmup_data"),
         ("rl.placement_strategy=RANDOM", "unknown rl.placement_strategy"),
@@ -58,7 +58,12 @@ def test_ablations_compose_on_the_quality_recipe(ablation):
     changed = {
         "no_stage1": (["stage1"], ["warmup"], [], "rationale_ids"),
         "no_rationale": ([], [], [], "ids"),
-        "no_redundancy": ([], ["warmup"], ["stage.gamma=0"], "rationale_ids"),
+        "no_redundancy": (
+            [],
+            ["warmup"],
+            ["stage.gamma=0", "stage.redundancy_margin=100"],
+            "rationale_ids",
+        ),
         "warmup_only": (["stage1", "stage2"], ["warmup"], [], "rationale_ids"),
         "human_rl": ([], ["warmup"], [], "rationale_ids"),
     }[ablation]
@@ -95,3 +100,17 @@ def test_judge_rules():
     assert not rule_judge("Paris", ["x"], unanswerable=True)
     assert not rule_judge("not mentioned", ["Paris"])
     assert rule_judge("2022", ["2022"])
+
+
+def test_each_stage_names_its_reading_of_eq8():
+    """Stage I rewards recall (Eq. 8 as printed), Stage II compression (as described), whether
+    a stage runs on its own or in a recipe; the reward service no longer holds the reading."""
+    from ctxpick.config import reward_spec
+
+    for stage, eq8 in (("stage1", "printed"), ("stage2", "described"), ("warmup", "printed")):
+        assert reward_spec(compose([f"stage={stage}"])).eq8 == eq8
+        assert reward_spec(compose(["experiment=cpu_quality", f"stage={stage}"])).eq8 == eq8
+    with pytest.raises(ConfigError, match="stage.eq8 must be one of"):
+        compose(["stage.eq8=other"])
+    with pytest.raises(ConfigError, match="rewards.eq8"):
+        compose(["rewards.eq8=printed"])

@@ -22,13 +22,17 @@ def _records(method, picks, golds, shown=8):
 def test_set_f1_and_diagnose_by_hand():
     assert set_f1([1, 2], [2, 3]) == 0.5 and set_f1([4], [1]) == 0.0
     d = diagnose(
-        [PickRecord((7, 8), 8, (1, 2)), PickRecord((8, 7), 8, (2, 5)), PickRecord(None, 8, (1,))]
+        [
+            PickRecord((7, 8), 8, (1, 2)),
+            PickRecord((8, 7), 8, (2, 5)),
+            PickRecord(None, 8, (1,), fallback=(1, 2)),
+        ]
     )
     assert d.valid == 2 / 3 and d.distinct_sets == 0.5 and d.top_set == (7, 8)
     assert d.top_set_share == 1.0 and d.prefix_share == 0.0
     assert d.picked_by_position[6:] == [1.0, 1.0] and d.gold_by_position[0] == 2 / 3
-    # the invalid output falls back to the whole pool: F1 of 8 passages against 1 gold
-    assert d.f1 == [0.0, 0.0, set_f1(range(1, 9), [1])]
+    # the invalid output is scored on what its fallback sent: the top 2 against 1 gold
+    assert d.f1 == [0.0, 0.0, set_f1((1, 2), [1])]
 
 
 def test_collapsed_and_copying_pickers_are_flagged_a_reading_one_is_not():

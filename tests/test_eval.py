@@ -11,7 +11,9 @@ from ctxpick.config import compose
 from ctxpick.data.schema import ChunkedExample, Example, Passage
 from ctxpick.eval import methods as M
 from ctxpick.eval.harness import method_labels, retrieve, select
-from ctxpick.eval.report import aggregate, main_table, plot_accuracy_vs_tokens
+from ctxpick.eval.plots import plot_accuracy_vs_tokens
+from ctxpick.eval.report import aggregate, main_table
+from ctxpick.picker.selection import apply_budget
 
 
 def test_largest_gap_cutoff_by_hand():
@@ -24,10 +26,10 @@ def test_largest_gap_cutoff_by_hand():
 def test_token_budget_keeps_passages_in_order_until_full():
     ps = [Passage(f"p{i}", 0, 0, 0, "w " * n) for i, n in enumerate([3, 4, 5])]
     count = lambda p: len(p.text.split())  # noqa: E731
-    assert M.apply_budget(ps, 7, count) == (ps[:2], True)
-    assert M.apply_budget(ps, 12, count) == (ps, False)
-    assert M.apply_budget(ps, 2, count) == ([], True)
-    assert M.apply_budget(ps, None, count) == (ps, False)
+    assert apply_budget(ps, 7, count) == (ps[:2], True)
+    assert apply_budget(ps, 12, count) == (ps, False)
+    assert apply_budget(ps, 2, count) == ([], True)
+    assert apply_budget(ps, None, count) == (ps, False)
 
 
 def test_oracle_and_adaptive_on_a_hand_built_pool():
@@ -126,7 +128,8 @@ def test_a_picker_recorded_for_every_question_does_not_run_again(tmp_path):
     cfg.eval.methods = ["none", "picker"]
     cfg.eval.pickers = {"gone": str(tmp_path / "deleted_model")}
     items = retrieve(cfg)
-    sel = select(cfg, items, recorded=lambda label: label == "picker:gone")
+    rows = [{"pick_ids": [1]}] * len(items)
+    sel = select(cfg, items, recorded=lambda label: rows if label == "picker:gone" else None)
     assert len(sel["picker:gone"]) == len(items) and len(sel["none"]) == len(items)
     with pytest.raises(ConfigError, match="not a model folder"):
         select(cfg, items)  # not recorded: the picker would run
@@ -174,16 +177,18 @@ def test_aggregate_report_and_plot_by_hand(tmp_path):
     assert (b.evidence_recall, b.evidence_precision) == (0.75, pytest.approx(0.3))
     assert (b.context_tokens, b.prompt_tokens, b.generate_s, b.judge_s) == (600, 650, 2.0, 0.5)
     p = res[("hotpotqa", "picker:stage2")]
-    assert p.evidence_recall == 1.0 and p.invalid_picks == 0.5 and p.accuracy == 1.0
+    assert p.evidence_recall == 1.0 and p.fallback_rate == 0.5 and p.accuracy == 1.0
     assert res[("locomo", "bm25@5")].evidence_recall is None
     table = main_table(list(res.values()), ["bm25@5", "picker:stage2", "oracle"])
     lines = table.splitlines()
     assert "hotpotqa acc" in lines[0] and "locomo tok" in lines[0]
     bm25_row = [c.strip() for c in lines[2].split("|")[1:-1]]
-    # hotpotqa 50% / 600 tok, locomo 100% / 300 tok, averages 75% / 450 tok / 5 passages
-    assert bm25_row == ["bm25@5", "50.0", "600", "100.0", "300", "75.0", "450", "5.0"]
+    # hotpotqa 50% / 600 tok, locomo 100% / 300 tok; the picker has no locomo row, so the
+    # averages are hotpotqa's: 50% / 600 tok / 5 passages
+    assert bm25_row == ["bm25@5", "50.0", "600", "100.0", "300", "50.0", "600", "5.0", "-"]
     picker_row = [c.strip() for c in lines[3].split("|")[1:-1]]
-    assert picker_row[3:5] == ["-", "-"] and "oracle" not in table
+    assert picker_row[3:5] == ["-", "-"] and picker_row[-1] == "50.0" and "oracle" not in table
+    assert lines[-1].startswith("Averages over hotpotqa: ")
     pngs = plot_accuracy_vs_tokens(list(res.values()), tmp_path)
     assert [p.name for p in pngs] == [
         "accuracy_vs_tokens_hotpotqa.png",
@@ -204,18 +209,21 @@ def test_picker_shows_cut_passages_returns_full_ones_and_falls_back_on_bad_outpu
             outs = ["<rationale>x</rationale><ids>[2]</ids>", "no tags"]
             return [[Completion(t, [], 0)] for t in outs]
 
-    ps = [Passage(f"p{i}", 0, 0, 0, "w " * 10, "T") for i in range(3)]
-    good, bad = Picker(Scripted(), PickerSpec("sys", 2, 2, 16)).decide(["q1", "q2"], [ps, ps])
+    ps = [Passage(f"p{i}", i, 0, 0, "w " * 10, "T") for i in range(5)]
+    good, bad = Picker(Scripted(), PickerSpec("sys", 3, 2, 16)).decide(["q1", "q2"], [ps, ps])
     assert good.valid and [p.pid for p in good.passages] == ["p1"]
     assert good.passages[0].text == ps[1].text  # the generator gets the full passage
+    # the fallback (top 2 by default, as served), not the 3 passages shown
     assert not bad.valid and [p.pid for p in bad.passages] == ["p0", "p1"]
     assert "missing <rationale>" in bad.reason
+    everything = Picker(Scripted(), PickerSpec("sys", 3, 2, 16), fallback="all")
+    assert everything.decide(["q1", "q2"], [ps, ps])[1].passages == ps
 
 
 def test_results_are_keyed_by_what_produced_them(tmp_path):
     """A re-run with another picker (same label), budget or generator gets new record keys,
     so the old rows are neither skipped-as-done nor reported."""
-    from ctxpick.eval.harness import fingerprint
+    from ctxpick.eval.records import fingerprint
 
     for name, weights in (("a", b"weights A"), ("b", b"weights B")):
         (tmp_path / name).mkdir()

@@ -1,14 +1,19 @@
 """Real DeepSpeed steps (CPU: gloo, bf16) on the built-in model, data-parallel over two Ray
 actors placed by a placement group, under ZeRO-2 and ZeRO-3."""
 
+from itertools import accumulate
+
 import pytest
+import ray
 import torch
+from conftest import TINY_DECODER
 
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.picker.format import picker_chat
+from ctxpick.rl.batching import TrainSequence, plan_updates
 from ctxpick.rl.grpo import GRPOConfig
-from ctxpick.rl.learner import LearnerConfig, LearnerGroup, TrainSequence
+from ctxpick.rl.learner import Learner, LearnerConfig, LearnerGroup
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +111,51 @@ def test_bad_learner_config():
         LearnerConfig(zero_stage=3, lora_rank=8)
     with pytest.raises(ValueError, match="update_epochs >= 1"):
         GRPOConfig(update_epochs=0)
+
+
+@ray.remote(num_cpus=1, max_calls=1)  # DeepSpeed joins torch.distributed: a worker used once
+def _optimizer_trace(model_dir: str, zero_stage: int) -> list[tuple[bool, int, bool]]:
+    """GRPO steps on 3 prompt groups in 2 mini-batches: at every micro-step, whether DeepSpeed
+    sees an accumulation boundary, its optimizer-step count after it, and whether the weights
+    moved."""
+    grpo = GRPOConfig(mini_batches=2)
+    cfg = LearnerConfig(model=model_dir, micro_batch_size=2, zero_stage=zero_stage, grpo=grpo)
+    learner = Learner(cfg, lr=1e-2)
+    learner.setup(*learner.address())
+    engine, trace = learner.engine, []
+    step = engine.step
+
+    def recorded_step(*args, **kwargs):
+        boundary, before = engine.is_gradient_accumulation_boundary(), learner.state_checksum()
+        step(*args, **kwargs)
+        trace.append((boundary, engine.global_steps, learner.state_checksum() != before))
+
+    engine.step = recorded_step
+    seqs = [
+        TrainSequence([1, 5 + k, 9, 20 + j, 30 + k, 40], 3, advantage=(1.0, -1.0, 0.5)[j], group=k)
+        for k in range(3)
+        for j in range(3)
+    ]
+    [plan], tokens = plan_updates(seqs, cfg.micro_batch_size, 1, grpo.mini_batches)
+    for _ in range(2):  # two rollout batches
+        learner.grpo_step(plan, tokens, 1.0)
+    return trace
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_the_optimizer_steps_exactly_at_the_end_of_each_mini_batch(
+    ray_cluster, tmp_path, zero_stage
+):
+    """Uneven mini-batches (1 and 2 prompt groups of 3 responses: 2 and 4 micro-batches of 2)
+    over two rollout batches: one optimizer step at the last micro-batch of each mini-batch
+    and none elsewhere, so no gradient crosses a mini-batch or a rollout batch."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(LlamaConfig(**TINY_DECODER)).save_pretrained(tmp_path)
+    trace = ray.get(_optimizer_trace.remote(str(tmp_path), zero_stage))
+    mini_batches = [2, 4, 2, 4]
+    ends = [i == n - 1 for n in mini_batches for i in range(n)]
+    assert [boundary for boundary, _, _ in trace] == ends
+    assert [moved for _, _, moved in trace] == ends
+    assert [steps for _, steps, _ in trace] == list(accumulate(ends))  # optimizer steps so far

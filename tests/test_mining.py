@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.http_engine import HTTPEngine, HTTPEngineConfig, HTTPEngineError
-from ctxpick.jsonl import read_done
 from ctxpick.judge.judges import Judge, JudgeConfig, JudgeItem, parse_verdict, rule_verdict
 from ctxpick.mining.miners import MINERS, GeneratorOracle, is_one_minimal
 from ctxpick.mining.rewrites import assign_split, make_rewrites, parse_rewrites
@@ -115,13 +114,6 @@ def test_rewrites_parse_dedupe_and_grouped_split():
     splits = [assign_split(f"id{i}", 0, (0.8, 0.1, 0.1)) for i in range(2000)]
     assert 0.75 < splits.count("train") / 2000 < 0.85 and splits.count("test") > 100
     assert splits == [assign_split(f"id{i}", 0, (0.8, 0.1, 0.1)) for i in range(2000)]
-
-
-def test_read_done_repairs_a_torn_last_line(tmp_path):
-    path = tmp_path / "mined.jsonl"
-    path.write_text(json.dumps({"id": "a"}) + "\n" + json.dumps({"id": "b"}) + '\n{"id": "c", "po')
-    assert set(read_done(path)) == {"a", "b"}
-    assert path.read_text().endswith('"b"}\n')
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -4,7 +4,8 @@ passages in retriever order, caller ids, the fallback policies, the token budget
 import pytest
 
 from ctxpick.engines.base import Completion
-from ctxpick.picker.inference import Picker, Selection
+from ctxpick.picker.inference import Picker
+from ctxpick.picker.selection import Selection
 from ctxpick.picker.spec import PickerSpec
 
 

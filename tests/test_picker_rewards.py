@@ -1,5 +1,6 @@
 """Picker output parser, reward terms for both readings of Eq. 8, GRPO maths by hand."""
 
+import itertools
 import math
 
 import pytest
@@ -150,6 +151,45 @@ def test_reward_cannot_be_gamed(gold_size, overlap, extra, margin, gamma, eq8):
         assert terms.reward >= spec.floor - 1e-12
     invalid = score_output("<ids>[1]</ids>", n, gold, spec)
     assert not invalid.format_ok and invalid.reward < min(inside + [terms.reward])
+
+
+@pytest.mark.parametrize(
+    ("eq8", "margin", "gamma", "gold", "before", "after"),
+    # The three cases issue 18 found: one more gold passage lowered the reward.
+    [
+        ("described", 0, 0.25, [1, 2], [1, 9], [1, 2, 9]),
+        ("described", 1, 0.5, [1, 2, 3], [1, 2, 9], [1, 2, 3, 9]),
+        ("printed", 1, 0.5, [1, 2], [1, 8, 9], [1, 2, 8, 9]),
+    ],
+)
+def test_one_more_gold_passage_never_costs(eq8, margin, gamma, gold, before, after):
+    spec = RewardSpec(margin, gamma, eq8, format_penalty=-2.0)
+    assert set_reward(after, gold, spec).reward >= set_reward(before, gold, spec).reward
+
+
+def test_reward_is_monotone_in_gold_and_in_the_rest():
+    """Over every subset S of 8 passages, gold sizes 1-4, margins 0-3, several gammas and both
+    readings: adding a gold passage never lowers the reward, adding a non-gold one never raises
+    it, and an invalid output scores below every valid selection."""
+    passages = range(1, 9)
+    subsets = [
+        frozenset(p for p in passages if mask >> (p - 1) & 1) for mask in range(1 << len(passages))
+    ]
+    for eq8, margin, gamma, size in itertools.product(
+        ("described", "printed"), range(4), (0.0, 0.25, 0.5, 1.0), range(1, 5)
+    ):
+        spec = RewardSpec(margin, gamma, eq8, format_penalty=-2.0)
+        gold = [2, 5, 7, 8][:size]
+        reward = {s: set_reward(sorted(s), gold, spec).reward for s in subsets}
+        for s in subsets:
+            for p in set(passages) - s:
+                grown = reward[s | {p}]
+                if p in gold:
+                    assert grown >= reward[s] - 1e-12, (eq8, margin, gamma, gold, sorted(s), p)
+                else:
+                    assert grown <= reward[s] + 1e-12, (eq8, margin, gamma, gold, sorted(s), p)
+        invalid = score_output("<ids>[1]</ids>", len(passages), gold, spec)
+        assert not invalid.format_ok and invalid.reward < min(reward.values())
 
 
 def test_group_advantages_by_hand():

@@ -8,9 +8,9 @@ import yaml
 
 from ctxpick.config import ConfigError
 from ctxpick.picker.examples import examples_from_record, warm_start_pick
-from ctxpick.rl.learner import TrainSequence, _micro_batches, plan_updates
+from ctxpick.rl.batching import TrainSequence, micro_batches, plan_updates
+from ctxpick.rl.prompt_stream import PromptStream, TrainState
 from ctxpick.rl.sweep import sweep_table
-from ctxpick.rl.trainer import PromptStream, TrainState
 
 
 def _record(n=6, gold=("p4", "p1"), split="train", rewrites=("reworded?",)):
@@ -81,11 +81,11 @@ def test_prompt_groups_micro_batches_and_equal_passes_per_rank():
 
     seqs = [seq([1, 2], [5], 0), seq([1, 2], [6, 7], 0), seq([1, 2], [8], 0)]
     seqs += [seq([3], [9], 1), seq([3], [4], 1)]
-    assert [len(m.seqs) for m in _micro_batches(seqs, 2)] == [2, 1, 2]
-    assert [len(m.seqs) for m in _micro_batches(seqs, 8)] == [3, 2]
+    assert [len(m.seqs) for m in micro_batches(seqs, 2)] == [2, 1, 2]
+    assert [len(m.seqs) for m in micro_batches(seqs, 8)] == [3, 2]
     # The same prompt twice in a batch (two groups) is never merged into one group.
     twice = seqs[:3] + [seq([1, 2], [9], 2)]
-    assert [len(m.seqs) for m in _micro_batches(twice, 8)] == [3, 1]
+    assert [len(m.seqs) for m in micro_batches(twice, 8)] == [3, 1]
     plans, tokens = plan_updates(seqs, 2, ranks=2)
     assert tokens == [6] and [len(p[0]) for p in plans] == [2, 2]
     # Any mix of group sizes, micro-batch sizes, ranks and mini-batches: every rank runs the

@@ -105,7 +105,9 @@ def test_pick_and_rerank_answer_and_every_decision_is_audited(service, http):
     )
     assert r.status_code == 200, r.text
     body = r.json()
-    assert set(body) == {"id", "model", "results", "usage"} and body["usage"]["total_tokens"] > 0
+    assert set(body) == {"id", "model", "results", "usage"}
+    usage = body["usage"]
+    assert 0 < usage["prompt_tokens"] <= usage["total_tokens"]
     scores = [x["relevance_score"] for x in body["results"]]
     assert scores == sorted(scores, reverse=True) and len(scores) == 3
     picked = [x["index"] for x in body["results"] if x["relevance_score"] > 0.5]
@@ -191,6 +193,78 @@ def test_bad_requests_get_a_clear_4xx_and_the_service_keeps_serving(service, htt
     r = httpx.post(f"{url}/v1/pick", json=ok, headers={"authorization": "Bearer nope"})
     assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
     assert http.post("/v1/pick", json=ok).status_code == 200
+
+
+def test_an_over_long_request_is_refused_alone_and_its_company_is_answered(service):
+    """A 6,000-character CJK passage (no spaces: the passage cut keeps it whole) makes a
+    picker prompt past the engine's context: 413 naming serve.max_model_len, at once, while
+    the normal request sent beside it gets its answer."""
+
+    async def both() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=service[0], headers={"authorization": f"Bearer {KEY}"}, timeout=600
+        ) as client:
+            cjk = {"question": "这段文字说了什么？", "passages": ["汉字文本" * 1500, "短文"]}
+            bodies = [{"question": QUESTION, "passages": PASSAGES}, cjk]
+            return await asyncio.gather(*[client.post("/v1/pick", json=b) for b in bodies])
+
+    normal, long = asyncio.run(both())
+    assert normal.status_code == 200, normal.text
+    assert long.status_code == 413, long.text
+    err = long.json()["error"]
+    assert err["type"] == "prompt_too_long" and err["limit"] == "serve.max_model_len"
+
+
+def test_the_body_limit_counts_the_bytes_read_and_text_must_be_unicode(service, http):
+    # chunked (no Content-Length): 100 kB of JSON whitespace around a tiny request
+    def chunks():
+        yield b'{"question": "q", "passages": ["a"]'
+        for _ in range(100):
+            yield b" " * 1000
+        yield b"}"
+
+    r = http.post("/v1/pick", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in r.request.headers
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["limit"] == "serve.limits.max_request_bytes"
+    for body in (
+        b'{"question": "\\ud800", "passages": ["a"]}',
+        b'{"question": "q", "passages": [{"id": "x", "text": "a\\udfff"}]}',
+    ):
+        r = http.post("/v1/pick", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["type"] == "invalid_text", r.text
+    assert http.post("/v1/pick", json={"question": QUESTION, "passages": PASSAGES}).is_success
+
+
+def test_top_n_zero_returns_every_document(http):
+    docs = [p if isinstance(p, str) else p["text"] for p in PASSAGES]
+    for top_n in (0, None):
+        r = http.post("/v1/rerank", json={"query": QUESTION, "documents": docs, "top_n": top_n})
+        assert r.status_code == 200, r.text
+        assert sorted(x["index"] for x in r.json()["results"]) == [0, 1, 2]
+
+
+def test_past_its_deadline_a_request_gets_the_fallback_and_the_service_serves_on(service, http):
+    """A deadline (the body's ``timeout`` or the x-request-timeout header) that passes
+    before the engine answers gets the fallback policy's passages (top 2 of the retriever
+    order), marked "deadline"; the engine replica drops the cancelled request and serves
+    the next."""
+    url, audit = service
+    body = {"question": QUESTION, "passages": PASSAGES}
+    for r in (
+        http.post("/v1/pick", json=body | {"timeout": 1e-6}),
+        http.post("/v1/pick", json=body, headers={"x-request-timeout": "1e-6"}),
+    ):
+        assert r.status_code == 200, r.text
+        sel = r.json()
+        assert sel["fallback"] == "deadline" and not sel["valid"]
+        assert sel["indices"] == [0, 1] and sel["passages"] == PASSAGES[:2]
+    assert _audit_lines(audit)[-1]["fallback"] == "deadline"
+    r = http.post("/v1/pick", json=body, headers={"x-request-timeout": "soon"})
+    assert r.status_code == 400 and "x-request-timeout" in r.json()["error"]["message"]
+    r = http.post("/v1/pick", json=body | {"timeout": 600})
+    assert r.status_code == 200 and r.json()["fallback"] != "deadline"
 
 
 def test_a_full_queue_answers_429_naming_the_limit(service):

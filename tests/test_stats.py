@@ -104,7 +104,10 @@ def test_ablation_table_rows_are_variants_with_intervals():
     recs += [_rec("picker:abl", f"q{i}", i < 2, 80, dataset="a") for i in range(10)]
     table = ablation_table(recs, {"picker:full": "full", "picker:abl": "w/o X", "picker:x": "none"})
     lines = table.splitlines()
-    assert len(lines) == 4  # header, rule, two variants; a variant without rows is left out
+    assert len(lines) == 6  # header, rule, two variants (one without rows is left out), note
+    assert (
+        lines[-1] == "Averages over a: the datasets every method has; left out: b (no picker:abl)."
+    )
     assert [c.strip() for c in lines[0].split("|")[1:-1]][:4] == [
         "variant",
         "n",

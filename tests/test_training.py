@@ -16,8 +16,9 @@ from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
 from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
 from ctxpick.rewards.reward import RewardSpec
 from ctxpick.rewards.service import RewardClient, RewardRequest
-from ctxpick.rl.learner import TrainSequence
-from ctxpick.rl.trainer import Run, StepTimer, grpo_step, sft_step, train
+from ctxpick.rl.batching import TrainSequence
+from ctxpick.rl.run import Run
+from ctxpick.rl.trainer import StepTimer, grpo_step, sft_step, train
 
 pytestmark = pytest.mark.slow
 
@@ -129,6 +130,8 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
         for s in range(resume_at + 1, 4):
             assert steps[s]["batch"] == ref_steps[s]["batch"]
             assert steps[s]["reward"] == ref_steps[s]["reward"]
+            # logged every step: the share of groups without signal
+            assert steps[s]["zero_variance_groups"] == ref_steps[s]["zero_variance_groups"]
         assert json.loads((folder / "result.json").read_text())["epoch"] == 1
         assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)
         # The resumed stage continued the same W&B run, and logged the commit with the config.
@@ -186,6 +189,25 @@ def test_a_dead_actor_mid_stage_restarts_from_the_checkpoint_with_the_same_resul
     _drop_checkpoints(root / name)
 
 
+def test_a_rerun_with_other_stage_settings_is_refused_and_the_same_reuses(run, root):
+    """A stage's output_dir records the settings that define it: a re-run there with another
+    gamma or lr is refused, naming the key, whether the stage finished or would resume from
+    its checkpoint; the same settings (more steps aside) return the finished stage as is."""
+    from ctxpick.config import ConfigError
+
+    folder, args = root / "settings", ("stage.kind=sft", "stage.max_steps=1", "rl.val_every=100")
+    final = train(tiny(root, "settings", *args), run=run)
+    trained = (folder / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match=r"other settings \(stage\.gamma: .*, 0\.123 now"):
+        train(tiny(root, "settings", *args, "stage.gamma=0.123"), run=run)
+    assert train(tiny(root, "settings", *args), run=run) == final
+    assert (folder / "metrics.jsonl").read_text() == trained
+    shutil.rmtree(final)  # as if stopped before the end: a re-run resumes the checkpoint
+    with pytest.raises(ConfigError, match=r"other settings \(stage\.lr: 0\.0001 there, 0\.001 now"):
+        train(tiny(root, "settings", *args, "stage.lr=1e-3"), run=run)
+    _drop_checkpoints(folder)
+
+
 def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
     from ctxpick.picker.examples import load_picker_examples
 
@@ -212,32 +234,63 @@ def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
     assert after != before and metrics["grad_norm"] > 0
     for key in ("reward", "coverage", "mean_size", "kl", "clip_fraction", "entropy", "loss"):
         assert key in metrics and metrics[key] == metrics[key]  # present, not NaN
+    # The share of groups whose samples all scored alike (no gradient), as drawn.
+    flat = [len({t.reward for t in ts}) == 1 for ts in terms]
+    assert metrics["zero_variance_groups"] == sum(flat) / len(flat)
     assert run.sync_weights() > 0
+
+    # Dynamic sampling on the same actors: flat groups are dropped and refilled from `more`,
+    # at most 4 prompts drawn; what trains is every drawn group with signal, up to 2.
+    shared = run.cfg
+    run.cfg = tiny(root, "shared", "rl.dynamic_sampling=true", "rl.max_prompt_draws=4")
+    try:
+        asked = []
+
+        def more(n):
+            asked.append(n)
+            return train_set[2 : 2 + n]
+
+        metrics, groups, terms = grpo_step(run, train_set[:2], spec, step, StepTimer(), more)
+    finally:
+        run.cfg = shared
+    signal = sum(len({t.reward for t in ts}) > 1 for ts in terms)
+    assert metrics["prompts_drawn"] == len(groups) == 2 + sum(asked) <= 4
+    assert metrics["groups_trained"] == (min(signal, 2) or 2)
+    assert metrics["zero_variance_groups"] == 1 - signal / len(groups)
+
+
+def _train_chats(run, root, n=2):
+    from ctxpick.config import picker_spec
+    from ctxpick.picker.examples import load_picker_examples
+
+    ex = load_picker_examples(root / "mine" / "mined.jsonl", 4, 0)["train"][:n]
+    return ex, [picker_spec(run.cfg).chat(e.question, e.passages) for e in ex]
+
+
+def _gap(run, chats, temperature=1.0, learner_t=None, outs=None):
+    """|learner - rollout| per sampled token, in log-prob and in probability; the learner
+    scores at ``learner_t`` (default: the sampling temperature) the engine's samples (``outs``:
+    samples taken earlier)."""
+    from ctxpick.engines.base import SamplingConfig
+
+    sampling = SamplingConfig(temperature, max_tokens=24, n=2, seed=3, logprobs=True)
+    outs = outs or run.engines.generate(chats, sampling)
+    samples = [c for o in outs for c in o]
+    seqs = [
+        TrainSequence(c.prompt_token_ids + c.token_ids, len(c.prompt_token_ids)) for c in samples
+    ]
+    learner = run.learners.call("logprobs", seqs, learner_t or temperature)[0]
+    learner = torch.tensor([x for lp in learner for x in lp])
+    rollout = torch.tensor([x for c in samples for x in c.logprobs])
+    assert learner.numel() == rollout.numel() > 20
+    return (learner - rollout).abs(), (learner.exp() - rollout.exp()).abs()
 
 
 def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
-    from ctxpick.config import picker_spec
-    from ctxpick.engines.base import SamplingConfig
-    from ctxpick.picker.examples import load_picker_examples
-
-    ex = load_picker_examples(root / "mine" / "mined.jsonl", 4, 0)["train"]
-    chats = [picker_spec(run.cfg).chat(e.question, e.passages) for e in ex[:2]]
+    ex, chats = _train_chats(run, root)
 
     def gap(temperature: float = 1.0, learner_t: float | None = None) -> tuple[torch.Tensor, ...]:
-        """|learner - rollout| per sampled token, in log-prob and in probability; the learner
-        scores at ``learner_t`` (default: the sampling temperature)."""
-        sampling = SamplingConfig(temperature, max_tokens=24, n=2, seed=3, logprobs=True)
-        outs = run.engines.generate(chats, sampling)
-        samples = [c for o in outs for c in o]
-        seqs = [
-            TrainSequence(c.prompt_token_ids + c.token_ids, len(c.prompt_token_ids))
-            for c in samples
-        ]
-        learner = run.learners.call("logprobs", seqs, learner_t or temperature)[0]
-        learner = torch.tensor([x for lp in learner for x in lp])
-        rollout = torch.tensor([x for c in samples for x in c.logprobs])
-        assert learner.numel() == rollout.numel() > 20
-        return (learner - rollout).abs(), (learner.exp() - rollout.exp()).abs()
+        return _gap(run, chats, temperature, learner_t)
 
     # The learner moves away from the rollout workers' weights: taught another answer to the
     # very prompts sampled below, so the sampled tokens' log-probs move whatever the model's
@@ -262,6 +315,76 @@ def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
     print(f"log-prob gap at T=0.7: {cold.mean():.4f} (learner at T=1: {untempered.mean():.4f})")
     assert cold_prob.mean() < 0.01 and cold.median() < 0.03
     assert untempered.mean() > 2 * cold.mean()
+
+
+@pytest.mark.parametrize("serving", ["merge", "lora"])
+def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
+    ray_cluster, root, serving
+):
+    """rl.lora_sync=adapter: the engines keep the base model and take only the adapter at each
+    sync -- merged into their weights, or served by vLLM's LoRA support -- yet sample from the
+    learner's policy within the full-weight sync's tolerance (the test above); final/ holds
+    the merged weights and the adapter alone; a stage resumed into fresh actors serves the
+    checkpoint's adapter, not the base model."""
+    from safetensors.torch import load_file
+
+    from ctxpick.engines.base import SamplingConfig
+    from ctxpick.engines.models import resolve
+    from ctxpick.rl.prompt_stream import TrainState
+    from ctxpick.rl.trainer import _checkpoint, _resume
+
+    overrides = ["rl.learner.lora_rank=8", "stage.lr=2e-3", f"rl.adapter_serving={serving}"]
+    cfg = tiny(root, f"lora_{serving}", *overrides)
+    out = root / f"lora_{serving}"
+    run = Run(cfg)
+    try:
+        assert run.transfer == "adapter" and run.serves_lora == (serving == "lora")
+        ex, chats = _train_chats(run, root)
+        elsewhere = [replace(e, gold=(4,), human_gold=(4,)) for e in ex]
+        for _ in range(3):
+            sft_step(run, elsewhere, StepTimer())
+        before, _ = _gap(run, chats)
+        assert run.sync_weights() > 0
+        after, after_prob = _gap(run, chats)
+        print(f"LoRA log-prob gap: {before.mean():.4f} before sync, {after.mean():.4f} after")
+        print(f"median {after.median():.4f}, prob {after_prob.mean():.4f}")
+        assert after_prob.mean() < 0.02 and after.median() < 0.03, (after_prob, after.median())
+        assert before.mean() > 3 * after.mean()
+
+        final = out / "final"
+        run.learners.call("save_pretrained", str(final))
+        _checkpoint(run, out, TrainState(step=3), keep=1)
+    finally:
+        run.shutdown()
+    # final/: merged weights = base + (alpha / r) B A, and the adapter alone beside them.
+    config = json.loads((final / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["peft_type"] == "LORA"
+    adapter = load_file(final / "adapter" / "adapter_model.safetensors")
+    layer = "model.layers.0.self_attn.q_proj"
+    a = adapter[f"base_model.model.{layer}.lora_A.weight"].float()
+    b = adapter[f"base_model.model.{layer}.lora_B.weight"].float()
+    base = load_file(f"{resolve('smollm2-135m')}/model.safetensors")[f"{layer}.weight"]
+    merged = load_file(final / "model.safetensors")[f"{layer}.weight"]
+    # bf16 weights plus the bf16 delta, as the learner merges them: equal to a bf16 ulp, where
+    # the base alone is not.
+    expected = (base + (config["lora_alpha"] / config["r"] * b @ a).bfloat16()).float()
+    assert torch.allclose(merged.float(), expected, rtol=2**-7, atol=0)
+    assert not torch.allclose(base.float(), expected, rtol=2**-7, atol=0), "the adapter trained"
+    assert not (final / "adapter_config.json").exists()  # final/ loads as a plain model
+
+    resumed = Run(cfg)  # as after a crash: fresh engines, serving the base model
+    try:
+        sampling = SamplingConfig(1.0, max_tokens=24, n=2, seed=3, logprobs=True)
+        from_base = resumed.engines.generate(chats, sampling)
+        assert _resume(resumed, out).step == 3
+        stale, _ = _gap(resumed, chats, outs=from_base)
+        synced, synced_prob = _gap(resumed, chats)
+        print(f"resume: gap {stale.mean():.4f} to the base, {synced.mean():.4f} after re-sync")
+        assert synced_prob.mean() < 0.02 and synced.median() < 0.03
+        assert stale.mean() > 3 * synced.mean()
+    finally:
+        resumed.shutdown()
+        _drop_checkpoints(out)
 
 
 def test_reward_service_times_out_a_hung_scorer(ray_cluster):

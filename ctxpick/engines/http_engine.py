@@ -1,26 +1,22 @@
 """An OpenAI-compatible chat-completions client behind the Engine interface, so the generator
 or the judge can be any served model (`vllm serve`, a hosted API).
 
-Requests run concurrently up to ``concurrency``; each has a timeout and is retried with
-exponential backoff on connection errors, timeouts, 429 and 5xx.
+Requests run concurrently up to ``concurrency``; each has a timeout and is retried under the
+project's one retry policy (:mod:`ctxpick.engines.retry`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import requests
+import httpx
+from tenacity import Retrying
 
 from ctxpick.engines.base import Chat, Completion, SamplingConfig
-
-log = logging.getLogger(__name__)
-RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+from ctxpick.engines.retry import RETRY_STATUS, StatusError, retrying
 
 
 @dataclass
@@ -40,8 +36,8 @@ class HTTPEngineConfig:
             raise ValueError("http engine needs timeout_s > 0, max_retries >= 0, concurrency >= 1")
 
 
-class HTTPEngineError(RuntimeError):
-    pass
+class HTTPEngineError(StatusError):
+    """The endpoint refused the request (a status outside RETRY_STATUS): retrying won't help."""
 
 
 class HTTPEngineUnavailable(HTTPEngineError):
@@ -53,33 +49,29 @@ class HTTPEngine:
         self.cfg = cfg
         self.url = cfg.base_url.rstrip("/") + "/chat/completions"
         key = os.environ.get(cfg.api_key_env, "")
-        self.headers = {"Content-Type": "application/json"}
-        if key:
-            self.headers["Authorization"] = f"Bearer {key}"
-        self.session = requests.Session()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        # One client for every worker thread: httpx clients are thread-safe and pool connections.
+        self.client = httpx.Client(headers=headers, timeout=cfg.timeout_s)
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        last = ""
-        for attempt in range(self.cfg.max_retries + 1):
-            if attempt:
-                # Full jitter keeps many workers from retrying in lockstep.
-                time.sleep(random.uniform(0, self.cfg.backoff_s * 2 ** (attempt - 1)))
-            try:
-                resp = self.session.post(
-                    self.url, json=body, headers=self.headers, timeout=self.cfg.timeout_s
-                )
-            except (requests.ConnectionError, requests.Timeout) as err:
-                last = f"{type(err).__name__}: {err}"
-                continue
-            if resp.status_code in RETRY_STATUS:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                continue
+        def attempt() -> dict[str, Any]:
+            resp = self.client.post(self.url, json=body)
             if resp.status_code != 200:
-                raise HTTPEngineError(f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
+                cls = StatusError if resp.status_code in RETRY_STATUS else HTTPEngineError
+                raise cls(
+                    resp.status_code, f"{self.url}: HTTP {resp.status_code}: {resp.text[:500]}"
+                )
             return resp.json()
-        raise HTTPEngineUnavailable(
-            f"{self.url}: gave up after {self.cfg.max_retries + 1} tries ({last})"
-        )
+
+        tries = self.cfg.max_retries + 1
+        try:
+            return retrying(Retrying, tries, self.cfg.backoff_s)(attempt)
+        except HTTPEngineError:
+            raise
+        except (httpx.TransportError, StatusError) as err:
+            raise HTTPEngineUnavailable(
+                0, f"{self.url}: gave up after {tries} tries ({type(err).__name__}: {err})"
+            ) from None
 
     def _one(self, chat: Chat, sampling: SamplingConfig) -> list[Completion]:
         body: dict[str, Any] = {

@@ -154,10 +154,12 @@ class EnginePool:
     def ready(self) -> None:
         ray.get([a.ready.remote() for a in self.actors])
 
-    def load_weights(self, buckets: ray.ObjectRef) -> float:
-        """Every engine loads the same weight buckets (an object ref: fetched once per node);
-        returns the slowest engine's seconds."""
-        return max(ray.get([a.load_weights.remote(buckets) for a in self.actors]))
+    def load_weights(self, weights: ray.ObjectRef, adapter: bool = False) -> float:
+        """Every engine loads the same weights (an object ref: fetched once per node): whole
+        weight buckets, or with ``adapter`` a :class:`~ctxpick.engines.base.LoraAdapter` for
+        its base model; returns the slowest engine's seconds."""
+        method = "load_adapter" if adapter else "load_weights"
+        return max(ray.get([getattr(a, method).remote(weights) for a in self.actors]))
 
     def generate(
         self,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import logging
 import os
 import time
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import ray
 
-from ctxpick.engines.base import Chat, Completion, SamplingConfig
+from ctxpick.engines.base import Chat, Completion, LoraAdapter, SamplingConfig
 from ctxpick.engines.models import resolve
 
 log = logging.getLogger(__name__)
@@ -20,6 +24,21 @@ def chat_prompt_ids(tokenizer: Any, chat: Chat) -> list[int]:
     text first: the template already holds the special tokens, so encoding adds none."""
     text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def prompt_seeds(seed: int, prompts: list[list[int]]) -> list[int]:
+    """One sampling seed per prompt, drawn from the call's ``seed``, the prompt's token ids and
+    how many identical prompts precede it in the call. Sharing one seed would give sample k
+    of every prompt the same random draws; this way every prompt (a repeated one too) draws
+    its own, and a prompt's samples do not depend on the rest of its batch."""
+    seen: Counter[tuple[int, ...]] = Counter()
+    seeds = []
+    for ids in prompts:
+        key = tuple(ids)
+        digest = hashlib.blake2b(repr((seed, seen[key], key)).encode(), digest_size=8).digest()
+        seen[key] += 1
+        seeds.append(int.from_bytes(digest, "big") >> 1)  # a non-negative int64
+    return seeds
 
 
 class VLLMEngine:
@@ -38,7 +57,10 @@ class VLLMEngine:
         enforce_eager: bool = True,
         logprobs_mode: str = "raw_logprobs",
         weight_transfer: str | None = None,
+        max_lora_rank: int = 0,
     ) -> None:
+        """``max_lora_rank`` > 0: serve the adapters :meth:`load_adapter` receives through
+        vLLM's LoRA support (the base model alone until the first)."""
         # Must be set before vllm is imported: the KV-cache size on CPU comes from the env.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))
         import torch
@@ -67,7 +89,9 @@ class VLLMEngine:
             logprobs_mode=logprobs_mode,
             **cpu_only,
             **_transfer_config(weight_transfer),
+            **_lora_config(max_lora_rank),
         )
+        self.lora: Any = None  # the LoRARequest of the adapter loaded last
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = max_model_len
         self.load_seconds = time.time() - t0
@@ -84,18 +108,6 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import StructuredOutputsParams
 
-        params = SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            seed=sampling.seed,
-            stop=list(sampling.stop) or None,
-            logprobs=0 if sampling.logprobs else None,
-            structured_outputs=StructuredOutputsParams(regex=sampling.regex)
-            if sampling.regex
-            else None,
-        )
         prompts = []
         for chat in chats:
             ids = self.prompt_ids(chat)
@@ -104,8 +116,28 @@ class VLLMEngine:
                     f"prompt of {len(ids)} tokens + {sampling.max_tokens} new tokens exceeds "
                     f"max_model_len={self.max_model_len}: lower the pool size or raise it"
                 )
-            prompts.append(TokensPrompt(prompt_token_ids=ids))
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            prompts.append(ids)
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                seed=seed,
+                stop=list(sampling.stop) or None,
+                logprobs=0 if sampling.logprobs else None,
+                structured_outputs=StructuredOutputsParams(regex=sampling.regex)
+                if sampling.regex
+                else None,
+            )
+            for seed in prompt_seeds(sampling.seed, prompts)
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in prompts],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora,
+        )
         return [
             [
                 Completion(
@@ -149,6 +181,42 @@ class VLLMEngine:
             shutil.rmtree(folder, ignore_errors=True)
         return time.time() - t0
 
+    def load_adapter(self, adapter: LoraAdapter) -> float:
+        """Serve the base model with ``adapter`` from now on; returns the seconds it took.
+        With vLLM's LoRA support the adapter is loaded as such; without it, it is merged into
+        the engine's own weights (base + scale * B A, the base read from the model folder,
+        which stays in the page cache), so generation runs the plain model's kernels. The
+        merge runs in this process: CPU engines, whose vLLM core runs in the actor."""
+        t0 = time.time()
+        if self.llm.llm_engine.vllm_config.lora_config is None:
+            # vLLM's in-place reload, from memory: its CPU kernels repack weights after
+            # loading, which a plain copy into the parameters would miss.
+            weights = merged_weights(self.model_path, adapter)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        else:
+            self._load_lora(adapter)
+        self.reset_prefix_cache()  # cached KV was computed by the old weights
+        return time.time() - t0
+
+    def _load_lora(self, adapter: LoraAdapter) -> None:
+        """vLLM loads adapters only from a folder: it is written to tmpfs, loaded in place of
+        the previous one (``load_inplace``: vLLM caches adapters by id, and would keep serving
+        the old tensors under the same id), and removed once vLLM holds it."""
+        import shutil
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        folder = tempfile.mkdtemp(prefix="ctxpick-adapter-", dir=root)
+        try:
+            adapter.write(folder)
+            self.llm.llm_engine.add_lora(LoRARequest("policy", 1, folder, load_inplace=True))
+            # Requests name it without load_inplace: one load per sync, not one per batch.
+            self.lora = LoRARequest("policy", 1, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
     # vLLM's weight-transfer control plane (GPU): the learners' trainer engine drives these
     # through ``RayVLLMWeightSyncClient``, whose protocol names them.
     def init_weight_transfer_engine(self, request: Any) -> None:
@@ -166,13 +234,61 @@ class VLLMEngine:
 
 
 def _transfer_config(backend: str | None) -> dict[str, Any]:
-    """vLLM's weight-transfer engine (``nccl`` / ``ipc``) for GPU rollout workers; the CPU
-    path reloads safetensors buckets instead (:meth:`VLLMEngine.load_weights`)."""
-    if backend in (None, "object_store"):
+    """vLLM's weight-transfer engine (``nccl`` / ``ipc``) for GPU rollout workers; the object
+    store paths reload safetensors buckets (:meth:`VLLMEngine.load_weights`) or a LoRA adapter
+    (:meth:`VLLMEngine.load_adapter`) instead."""
+    if backend in (None, "object_store", "adapter"):
         return {}
     from vllm.config import WeightTransferConfig
 
     return {"weight_transfer_config": WeightTransferConfig(backend=backend)}
+
+
+def merged_weights(folder: str, adapter: LoraAdapter) -> Iterator[tuple[str, Any]]:
+    """Every tensor of the model folder's safetensors files, read as it is needed, with
+    ``alpha / r * B A`` added to each weight the adapter targets (in that weight's dtype)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load
+
+    config = json.loads(adapter.config)
+    scale = config["lora_alpha"] / config["r"]
+    tensors = load(adapter.weights)
+    pairs = {
+        name.removeprefix("base_model.model.").removesuffix(".lora_A.weight") + ".weight": (
+            a,
+            tensors[name.replace(".lora_A.", ".lora_B.")],
+        )
+        for name, a in tensors.items()
+        if name.endswith(".lora_A.weight")
+    }
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        with safe_open(path, "pt") as fh:
+            for name in fh.keys():
+                w = fh.get_tensor(name)
+                if (ab := pairs.pop(name, None)) is not None:
+                    a, b = ab
+                    w = (w.float() + scale * b.float() @ a.float()).to(w.dtype)
+                yield name, w
+    if pairs:
+        raise ValueError(f"the adapter targets weights the base model lacks: {sorted(pairs)[:3]}")
+
+
+def _lora_config(max_rank: int) -> dict[str, Any]:
+    """vLLM's LoRA support for one adapter of rank <= ``max_rank``, rounded up to a rank
+    vLLM accepts."""
+    if max_rank <= 0:
+        return {}
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    ranks = get_args(MaxLoRARanks)
+    fits = [r for r in ranks if r >= max_rank]
+    if not fits:
+        raise ValueError(f"LoRA rank {max_rank} exceeds vLLM's largest, {ranks[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
 
 
 def engine_actor_env(num_cpus: float, num_gpus: float) -> dict[str, str]:

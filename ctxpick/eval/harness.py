@@ -5,7 +5,6 @@ are appended to ``examples.jsonl`` and a re-run skips the pairs already there.""
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -13,24 +12,23 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ctxpick.config import Config, ConfigError
+from ctxpick.config import Config, ConfigError, inference_pool
 from ctxpick.data.loaders import load_sources
 from ctxpick.data.schema import Passage
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.models import resolve
-from ctxpick.engines.prompts import answer_chat, format_passages
+from ctxpick.engines.prompts import answer_chat
 from ctxpick.engines.ray_pool import EnginePool, init_ray, print_progress
 from ctxpick.eval import methods as M
-from ctxpick.eval.report import (
-    MethodResult,
-    aggregate,
-    plot_accuracy_vs_tokens,
-    write_report,
-)
+from ctxpick.eval.plots import plot_accuracy_vs_tokens
+from ctxpick.eval.records import fingerprint, record_keys
+from ctxpick.eval.report import MethodResult, aggregate, write_report
 from ctxpick.jsonl import JsonlWriter, read_done
 from ctxpick.judge.judges import JudgeItem, make_judge
 from ctxpick.judge.rules import exact_match, token_f1
 from ctxpick.picker.inference import Picker
+from ctxpick.picker.selection import apply_budget, passage_tokens, token_counter
+from ctxpick.picker.spec import PickerSpec
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
 from ctxpick.tracking import Tracker
@@ -40,10 +38,12 @@ def method_labels(cfg: Config, dataset: str) -> list[str]:
     ks = cfg.eval.topk_by_dataset.get(dataset, cfg.eval.topk)
     labels = []
     for m in cfg.eval.methods:
-        if m in ("bm25", "dense"):
+        if m in M.RANKINGS:
             labels += [f"{m}@{k}" for k in ks]
         elif m == "picker":
             labels += [f"picker:{name}" for name in cfg.eval.pickers]
+        elif m == "matched":
+            labels += [M.matched_label(rk, name) for name in cfg.eval.pickers for rk in M.RANKINGS]
         else:
             labels.append(m)
     return labels
@@ -53,6 +53,8 @@ def all_labels(cfg: Config, items: list[M.Retrieved]) -> list[str]:
     """Every method label any dataset uses, in table order: by method, then by K."""
 
     def order(label: str) -> tuple[int, int, str]:
+        if M.matched_picker(label):
+            return M.METHODS.index("matched"), 0, label
         kind, _, k = label.partition("@")
         return M.METHODS.index(kind.partition(":")[0]), int(k or 0), label
 
@@ -66,73 +68,136 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
     )
     chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
     pools = PoolBuilder(cfg.retrieval.pool)
-    by = cfg.retrieval.pool.retriever
+    by, methods = cfg.retrieval.pool.retriever, set(cfg.eval.methods)
+
+    def wanted(ranking: str, *methods_reading_it: str) -> bool:
+        return by == ranking or bool(methods & {ranking, "matched", *methods_reading_it})
+
     out = []
-    for item in chunked:
-        dense = pools.dense_scores(item) if "dense" in cfg.eval.methods or by == "dense" else None
-        r = M.Retrieved(item, pools.bm25_scores(item), [], dense, by)
+    for n, item in enumerate(chunked, 1):
+        dense = pools.dense_scores(item) if wanted("dense") else None
+        cross = pools.crossenc_scores(item) if wanted("crossenc", "crossenc_threshold") else None
+        reranked = min(cfg.retrieval.pool.rerank_n, len(item.passages))
+        r = M.Retrieved(item, pools.bm25_scores(item), [], dense, by, cross, reranked)
         r.pool = [int(i) for i in M.top_k(r.pool_scores, cfg.retrieval.pool.k)]
         out.append(r)
+        if n % 100 == 0 or n == len(chunked):
+            print(f"  retrieved {n}/{len(chunked)}", flush=True)
     return out
 
 
 def select(
-    cfg: Config, items: list[M.Retrieved], recorded: Callable[[str], bool] = lambda label: False
+    cfg: Config,
+    items: list[M.Retrieved],
+    recorded: Callable[[str], list[dict[str, Any]] | None] = lambda label: None,
 ) -> dict[str, list[M.Selection]]:
     """Every method's selection for every question (``passages=None`` where a method does not
     apply to the question's dataset or the question has no gold evidence). A picker whose
-    answers are ``recorded`` for every question does not run again: an empty selection stands
-    in for each, and the report reads the records."""
+    answers are ``recorded`` for every question (its rows) does not run again: an empty
+    selection stands in for each, and the report reads the records; its matched rows take
+    its set sizes from them."""
+    labels = all_labels(cfg, items)
     out: dict[str, list[M.Selection]] = {}
-    for label in all_labels(cfg, items):
-        if label.startswith("picker:"):
+    for label in labels:
+        if label.startswith("picker:") or M.matched_picker(label):
             continue
         rows = []
         for r in items:
             t0 = time.time()
             applies = label in method_labels(cfg, r.item.example.dataset)
-            chosen = M.baseline(label, r, cfg.eval.adaptive_min_k) if applies else None
+            chosen = (
+                M.baseline(label, r, cfg.eval.adaptive_min_k, cfg.eval.crossenc_threshold)
+                if applies
+                else None
+            )
             rows.append(M.Selection(chosen, time.time() - t0))
         out[label] = rows
     for name, path in cfg.eval.pickers.items():
         label = f"picker:{name}"
-        out[label] = [M.Selection([])] * len(items) if recorded(label) else _pick(cfg, path, items)
+        rows = recorded(label)
+        if rows is None:
+            out[label] = _pick(cfg, path, items)
+            sizes = [len(sel.passages or []) for sel in out[label]]
+        else:
+            out[label] = [M.Selection([])] * len(items)
+            sizes = [len(row.get("pick_ids") or row.get("fallback_ids") or []) for row in rows]
+        for ranking in M.RANKINGS:
+            matched = M.matched_label(ranking, name)
+            if matched in labels:
+                out[matched] = [
+                    M.Selection(M.top_passages(r, r.scores(ranking), size))
+                    for r, size in zip(items, sizes, strict=True)
+                ]
     return out
 
 
 def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]:
     if not (Path(path) / "config.json").exists():
         raise ConfigError(f"eval.pickers: {path} is not a model folder (a stage's final/)")
+    check_pool(path, inference_pool(cfg))
     try:
         picker = Picker.from_pretrained(
-            path, engine=lambda folder: EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed)
+            path,
+            engine=lambda folder: EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed),
+            fallback=cfg.eval.picker_fallback,
+            fallback_k=cfg.eval.picker_fallback_k,
         )
     except (OSError, ValueError) as err:  # the prompt is read before any engine starts
         raise ConfigError(f"eval.pickers: {err}") from None
-    engines = picker.engine
+    try:
+        return picks_as_served(picker, items)
+    finally:
+        picker.engine.shutdown()
+
+
+def check_pool(folder: str, pool: dict[str, Any]) -> None:
+    """Refuse a picker whose ``picker.json`` says it learnt to read another pool than the one
+    this evaluation ranks (another order or cut of the passages reads as noise to it)."""
+    try:
+        mismatch = PickerSpec.load(folder).pool_mismatch(pool)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"eval.pickers: {err}") from None
+    if mismatch:
+        raise ConfigError(
+            f"eval.pickers: {folder} was trained on another pool than retrieval.pool / "
+            f"retrieval.chunking give here (trained -> here: {'; '.join(mismatch)}): set "
+            "retrieval.* as the picker's picker.json records them"
+        )
+
+
+def picks_as_served(picker: Picker, items: list[M.Retrieved]) -> list[M.Selection]:
+    """Each question's passages as the service would send them: through
+    :meth:`Picker.pick_many`, the call the service makes, so the fallback on an output that
+    does not parse is the served one and the kept passages come in the retriever's order."""
     t0 = time.time()
-    picks = picker.decide(
+    served = picker.pick_many(
         [r.item.example.question for r in items],
-        [[r.item.passages[i] for i in r.pool] for r in items],
+        [[_candidate(r.item.passages[i]) for i in r.pool] for r in items],
+        isolate_errors=False,  # an engine failure is no decision of the picker's: never recorded
     )
     per_item = (time.time() - t0) / max(len(items), 1)
-    engines.shutdown()
     return [
         M.Selection(
-            pk.passages,
+            [r.item.passages[r.pool[i]] for i in sel.indices],
             per_item,
             {
-                "pick_valid": pk.valid,
-                "pick_output": pk.text,
-                "pick_invalid_reason": pk.reason,
-                # for the collapse diagnostics (ctxpick/picker/diagnostics.py)
-                "pick_ids": list(pk.ids) if pk.ids is not None else None,
+                "pick_valid": sel.valid,
+                "pick_output": sel.output,
+                "pick_fallback": sel.fallback,
+                # for the collapse diagnostics (ctxpick/picker/diagnostics.py): 1-based
+                # positions in the pool, of the picker's choice or of the fallback's
+                "pick_ids": [i + 1 for i in sel.indices] if sel.valid else None,
+                "fallback_ids": None if sel.valid else [i + 1 for i in sel.indices],
                 "shown_pids": [r.item.passages[i].pid for i in r.pool[: picker.spec.max_passages]],
                 "gold_pids": r.item.gold_pids,
             },
         )
-        for pk, r in zip(picks, items, strict=True)
+        for sel, r in zip(served, items, strict=True)
     ]
+
+
+def _candidate(p: Passage) -> dict[str, str]:
+    return {"id": p.pid, "text": p.text, "title": p.title}
 
 
 class _Answerer:
@@ -153,7 +218,7 @@ class _Answerer:
     ) -> tuple[list[dict[str, Any]], dict[str, float]]:
         cfg = self.cfg
         capped = [
-            M.apply_budget(sel.passages or [], cfg.eval.token_budget, self.count) for _, sel in todo
+            apply_budget(sel.passages or [], cfg.eval.token_budget, self.count) for _, sel in todo
         ]
         chats = [
             answer_chat(r.item.example.question, ps, cfg.generator.system)
@@ -198,14 +263,11 @@ def run_eval(cfg: Config) -> EvalRun:
     # under other settings (another picker, prompt, budget, generator) stay in the file but
     # are never reported.
     prints = {label: fingerprint(cfg, label) for label in all_labels(cfg, items)}
-    keys = {
-        label: [_record_id(r.item.example.id, label, fp) for r in items]
-        for label, fp in prints.items()
-    }
+    keys = record_keys(items, prints)
     done = read_done(records_path)
 
-    def recorded(label: str) -> bool:
-        return all(key in done for key in keys[label])
+    def recorded(label: str) -> list[dict[str, Any]] | None:
+        return [done[k] for k in keys[label]] if all(k in done for k in keys[label]) else None
 
     print(f"[2/4] selecting: {len(items)} questions", flush=True)
     selections = select(cfg, items, recorded)
@@ -213,7 +275,7 @@ def run_eval(cfg: Config) -> EvalRun:
     print(f"[3/4] generating with {cfg.model.name} and judging ({cfg.judge.mode})", flush=True)
     todos = {
         label: [
-            (r, sel)
+            (key, r, sel)
             for r, sel, key in zip(items, rows, keys[label], strict=True)
             if sel.passages is not None and key not in done
         ]
@@ -227,14 +289,15 @@ def run_eval(cfg: Config) -> EvalRun:
         for label, todo in todos.items():
             if not todo:
                 continue
-            records, seconds = answer(label, todo)
-            for rec in records:
+            records, seconds = answer(label, [(r, sel) for _, r, sel in todo])
+            for rec, (key, _, _) in zip(records, todo, strict=True):
                 rec["fingerprint"] = prints[label]
-                rec["id"] = _record_id(rec["example_id"], label, prints[label])
+                rec["id"] = key
                 writer.write(rec)
-                done[rec["id"]] = rec
-            for ds in {r.item.example.dataset for r, _ in todo}:
-                share = sum(r.item.example.dataset == ds for r, _ in todo) / len(todo)
+                done[key] = rec
+            datasets = [r.item.example.dataset for _, r, _ in todo]
+            for ds in set(datasets):
+                share = datasets.count(ds) / len(todo)
                 timings[(ds, label)] = {k: v * share for k, v in seconds.items()}
         writer.close()
         engines.shutdown()
@@ -248,7 +311,13 @@ def run_eval(cfg: Config) -> EvalRun:
     ]
     results = aggregate(current, timings)
     budget = f"token budget {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
-    header = f"Generator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}."
+    fallback = cfg.eval.picker_fallback
+    if fallback == "top_k":
+        fallback = f"top {cfg.eval.picker_fallback_k} of the retriever order"
+    header = (
+        f"Generator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}; "
+        f"a picker's invalid output sends: {fallback}."
+    )
     table, with_ci = write_report(
         out / "report.md", header, current, results, all_labels(cfg, items)
     )
@@ -274,49 +343,13 @@ def run_eval(cfg: Config) -> EvalRun:
 
 def _token_counter(cfg: Config) -> Callable[[Passage], int]:
     """Context tokens of a passage as the generator's prompt shows it."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve(cfg.eval.tokenizer or cfg.model.name))
+    tokens = token_counter(resolve(cfg.eval.tokenizer or cfg.model.name))
 
     @functools.cache  # the budget and the record both count each passage
     def count(p: Passage) -> int:
-        return len(tokenizer.encode(format_passages([p]), add_special_tokens=False))
+        return passage_tokens(tokens, [p])[0]
 
     return count
-
-
-def _record_id(example_id: str, label: str, fingerprint: str) -> str:
-    return f"{example_id}|{label}|{fingerprint}"
-
-
-def fingerprint(cfg: Config, label: str) -> str:
-    """What produced a method's answers: the generator and its prompt, the judge, retrieval,
-    the token budget, and for a picker its folder's prompt, config and weights."""
-    what: dict[str, Any] = {
-        "model": cfg.model.name,
-        "generator": asdict(cfg.generator),
-        "judge": asdict(cfg.judge),
-        "retrieval": asdict(cfg.retrieval),
-        "token_budget": cfg.eval.token_budget,
-        "tokenizer": cfg.eval.tokenizer,
-        "adaptive_min_k": cfg.eval.adaptive_min_k,
-        "seed": cfg.seed,
-        "label": label,
-    }
-    if label.startswith("picker:"):
-        folder = Path(cfg.eval.pickers[label.removeprefix("picker:")])
-        what["picker"] = [
-            (f.name, _file_digest(f))
-            for f in sorted(folder.iterdir())
-            if f.suffix in (".json", ".safetensors")
-        ]
-    blob = json.dumps(what, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]
-
-
-def _file_digest(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _record(
@@ -338,7 +371,6 @@ def _record(
         recall = hit / len(gold)
         precision = hit / len(chosen) if chosen else None
     return {
-        "id": f"{ex.id}|{label}",
         "example_id": ex.id,
         "dataset": ex.dataset,
         "method": label,

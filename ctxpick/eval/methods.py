@@ -4,6 +4,13 @@ the generator will read; the token budget then caps what any of them may send.
 * ``none``       -- no retrieval: the generator answers from the question alone.
 * ``bm25``       -- Top-K by BM25 over the question, for each K in ``eval.topk``.
 * ``dense``      -- Top-K by cosine similarity of the bundled MiniLM embeddings.
+* ``crossenc``   -- Top-K of the bundled cross-encoder over the first stage's top
+  ``retrieval.pool.rerank_n`` (what a RAG pipeline puts between retriever and generator).
+* ``crossenc_threshold`` -- the cross-encoder's passages scoring at least
+  ``eval.crossenc_threshold`` (chosen on validation questions), at least one.
+* ``matched``    -- for each picker and each of bm25, dense and crossenc, that ranking's top
+  |S| on every question, |S| the picker's own set size there: paired with the picker, it
+  separates reading from sizing.
 * ``adaptive``   -- the inference pool cut at its retriever's largest score gap (a classic
   adaptive cutoff).
 * ``full_pool``  -- the whole inference pool (top ``retrieval.pool.k`` by
@@ -21,10 +28,31 @@ from typing import Any
 import numpy as np
 
 from ctxpick.data.schema import ChunkedExample, Passage
-from ctxpick.picker.inference import apply_budget  # noqa: F401  (the harness caps with it)
 from ctxpick.retrieval.bm25 import top_k
 
-METHODS = ("none", "bm25", "dense", "adaptive", "full_pool", "oracle", "picker")
+METHODS = (
+    "none",
+    "bm25",
+    "dense",
+    "crossenc",
+    "crossenc_threshold",
+    "adaptive",
+    "full_pool",
+    "oracle",
+    "picker",
+    "matched",
+)
+RANKINGS = ("bm25", "dense", "crossenc")  # the Top-K methods, and the matched rows' rankings
+MATCHED = "@size:"  # a matched row's label: f"{ranking}@size:{picker name}"
+
+
+def matched_label(ranking: str, picker: str) -> str:
+    return f"{ranking}{MATCHED}{picker}"
+
+
+def matched_picker(label: str) -> str | None:
+    """The picker whose set sizes a matched row takes, or None for any other label."""
+    return label.partition(MATCHED)[2] or None
 
 
 @dataclass
@@ -36,13 +64,20 @@ class Retrieved:
     pool: list[int]  # indices of the inference pool, best first
     dense: np.ndarray | None = None  # cosine similarity, when dense methods run
     pool_retriever: str = "bm25"  # what ranked the pool (retrieval.pool.retriever)
+    crossenc: np.ndarray | None = None  # cross-encoder logits (PoolBuilder.crossenc_scores)
+    reranked: int = 0  # how many passages the cross-encoder read (retrieval.pool.rerank_n)
+
+    def scores(self, ranking: str) -> np.ndarray:
+        """A ranking's scores (bm25, dense, crossenc), by passage index."""
+        scores = getattr(self, ranking)
+        if scores is None:
+            raise ValueError(f"{ranking} scores were not computed for this evaluation")
+        return scores
 
     @property
     def pool_scores(self) -> np.ndarray:
         """The pool retriever's scores, by passage index."""
-        scores = self.dense if self.pool_retriever == "dense" else self.bm25
-        assert scores is not None, "a dense pool is built from dense scores"
-        return scores
+        return self.scores(self.pool_retriever)
 
 
 @dataclass
@@ -54,17 +89,20 @@ class Selection:
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the picker's raw output
 
 
-def baseline(label: str, r: Retrieved, adaptive_min_k: int = 1) -> list[Passage] | None:
-    """The passages of a non-picker method label (``none``, ``bm25@5``, ``dense@10``, ...)."""
+def baseline(
+    label: str, r: Retrieved, adaptive_min_k: int = 1, threshold: float = 0.0
+) -> list[Passage] | None:
+    """The passages of a non-picker method label (``none``, ``bm25@5``, ``crossenc@2``, ...);
+    a matched row's (``dense@size:NAME``) are :func:`top_passages` at the picker's size."""
     kind, _, k = label.partition("@")
     if kind == "none":
         return []
-    if kind == "bm25":
-        return top_passages(r, r.bm25, int(k))
-    if kind == "dense":
-        if r.dense is None:
-            raise ValueError("dense Top-K needs dense scores: add 'dense' to eval.methods")
-        return top_passages(r, r.dense, int(k))
+    if kind in RANKINGS:
+        return top_passages(r, r.scores(kind), int(k))
+    if kind == "crossenc_threshold":  # a score cut of what the cross-encoder read
+        scores = r.scores("crossenc")
+        read = top_k(scores, r.reranked)
+        return top_passages(r, scores, max(1, int((scores[read] >= threshold).sum())))
     if kind == "adaptive":
         return adaptive(r, adaptive_min_k)
     if kind == "full_pool":

@@ -1,5 +1,5 @@
 """Evaluation report: per-method aggregates, the Table-1-shaped markdown table with context-size
-columns, and an accuracy-vs-tokens plot per dataset."""
+columns, the tables with confidence intervals and the pickers' collapse diagnostics."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from ctxpick.eval.averaging import Averaging
+from ctxpick.eval.methods import matched_picker
 from ctxpick.eval.stats import Estimate, bootstrap_mean, stratified_mean
 from ctxpick.picker.diagnostics import PREFIX_FLAG
 from ctxpick.table import markdown_table
@@ -33,7 +35,8 @@ class MethodResult:
     generate_s: float
     judge_s: float
     budget_cut: float  # fraction of questions whose selection the token budget cut
-    invalid_picks: float | None = None  # pickers: fraction of outputs that did not parse
+    # pickers: fraction of questions whose output did not parse, so the fallback decided
+    fallback_rate: float | None = None
     evidence_f1: float | None = None
     # 95% bootstrap intervals [lo, hi] (ctxpick/eval/stats.py)
     accuracy_ci: tuple[float, float] = (0.0, 0.0)
@@ -107,7 +110,7 @@ def aggregate(
                 generate_s=t.get("generate", 0.0) / n,
                 judge_s=t.get("judge", 0.0) / n,
                 budget_cut=mean(float(r["budget_cut"]) for r in rs),
-                invalid_picks=1 - mean(map(float, picks)) if picks else None,
+                fallback_rate=1 - mean(map(float, picks)) if picks else None,
                 evidence_f1=_mean_or_none([evidence_f1(r) for r in rs]),
                 accuracy_ci=_ci(rs, "accuracy"),
                 evidence_f1_ci=_ci(rs, "evidence_f1"),
@@ -125,30 +128,38 @@ def main_table(
     results: list[MethodResult], methods: list[str], flags: dict[str, str] | None = None
 ) -> str:
     """Table 1 of the paper (judged accuracy per dataset) with the context each method sends:
-    per dataset, accuracy (%) and mean context tokens; then the averages. A method in
-    ``flags`` (a collapsed or copying picker) is marked ``(!)``."""
+    per dataset, accuracy (%) and mean context tokens; then the averages over the datasets
+    every method has (the note under the table names them), and for a picker the share of
+    questions its fallback decided. A method in ``flags`` (a collapsed or copying picker) is
+    marked ``(!)``."""
     datasets = sorted({r.dataset for r in results})
     by = {(r.dataset, r.method): r for r in results}
+    avg = Averaging.of(set(by), methods)
     header = ["method"]
     for d in datasets:
         header += [f"{d} acc", f"{d} tok"]
-    header += ["avg acc", "avg tok", "avg passages"]
+    header += ["avg acc", "avg tok", "avg passages", "fallback %"]
     rows = [header]
     for m in methods:
-        cells = [by.get((d, m)) for d in datasets]
-        if not any(cells):
+        if m not in avg.present:
             continue
         row = [f"{m} (!)" if (flags or {}).get(m) else m]
-        for c in cells:
+        for c in (by.get((d, m)) for d in datasets):
             row += ["-", "-"] if c is None else [_pct(c.accuracy), f"{c.context_tokens:.0f}"]
-        present = [c for c in cells if c is not None]
-        row += [
-            _pct(mean(c.accuracy for c in present)),
-            f"{mean(c.context_tokens for c in present):.0f}",
-            f"{mean(c.passages for c in present):.1f}",
-        ]
+        over = [by[(d, m)] for d in avg.over(m)]
+        rates = [c.fallback_rate for c in over if c.fallback_rate is not None]
+        row += (
+            [
+                _pct(mean(c.accuracy for c in over)),
+                f"{mean(c.context_tokens for c in over):.0f}",
+                f"{mean(c.passages for c in over):.1f}",
+            ]
+            if over
+            else ["-", "-", "-"]
+        )
+        row.append(_pct(mean(rates)) if rates else "-")
         rows.append(row)
-    return markdown_table(rows)
+    return f"{markdown_table(rows)}\n\n{avg.note()}"
 
 
 def detail_table(results: list[MethodResult]) -> str:
@@ -168,7 +179,7 @@ def detail_table(results: list[MethodResult]) -> str:
         "generate s/q",
         "judge s/q",
         "budget cut %",
-        "invalid picks %",
+        "fallback %",
     ]
     rows = [header]
     for r in sorted(results, key=lambda r: (r.dataset, r.method)):
@@ -189,52 +200,10 @@ def detail_table(results: list[MethodResult]) -> str:
                 f"{r.generate_s:.3f}",
                 f"{r.judge_s:.3f}",
                 _pct(r.budget_cut),
-                _pct(r.invalid_picks),
+                _pct(r.fallback_rate),
             ]
         )
     return markdown_table(rows)
-
-
-def plot_accuracy_vs_tokens(results: list[MethodResult], out_dir: Path) -> list[Path]:
-    """One PNG per dataset: judged accuracy against mean context tokens, one point per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for dataset in sorted({r.dataset for r in results}):
-        rs = [r for r in results if r.dataset == dataset]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for r in rs:
-            (alo, ahi), (tlo, thi) = r.accuracy_ci, r.context_tokens_ci
-            ax.errorbar(
-                r.context_tokens,
-                100 * r.accuracy,
-                xerr=[[r.context_tokens - tlo], [thi - r.context_tokens]],
-                yerr=[[100 * (r.accuracy - alo)], [100 * (ahi - r.accuracy)]],
-                fmt="o",
-                markersize=4,
-                capsize=2,
-                elinewidth=0.8,
-            )
-            ax.annotate(
-                r.method,
-                (r.context_tokens, 100 * r.accuracy),
-                fontsize=7,
-                xytext=(3, 3),
-                textcoords="offset points",
-            )
-        ax.set_xlabel("mean context tokens sent to the generator")
-        ax.set_ylabel("judged accuracy (%), 95% CI")
-        ax.set_title(f"{dataset}: accuracy vs context ({rs[0].questions} questions)")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out_dir / f"accuracy_vs_tokens_{dataset}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 def _interval_cell(e: Estimate | None, scale: float = 100, digits: int = 1) -> str:
@@ -259,10 +228,13 @@ def ci_table(records: list[dict[str, Any]], methods: list[str]) -> str:
     for r in records:
         by[(r["dataset"], r["method"])].append(r)
     datasets = sorted({d for d, _ in by})
+    avg = Averaging.of(set(by), methods)
     rows = [["dataset", "method", "n", "acc %", "ev. F1 %", "ev. recall %", "ev. prec. %", "tok"]]
     for d in [*datasets, "average"]:
         for m in methods:
-            groups = [by[(x, m)] for x in (datasets if d == "average" else [d]) if by.get((x, m))]
+            groups = [
+                by[(x, m)] for x in (avg.over(m) if d == "average" else [d]) if by.get((x, m))
+            ]
             if not groups:
                 continue
             cells = [_estimate([_values(g, metric) for g in groups]) for metric in METRICS]
@@ -271,7 +243,7 @@ def ci_table(records: list[dict[str, Any]], methods: list[str]) -> str:
                 + [_interval_cell(e) for e in cells[:-1]]
                 + [_interval_cell(cells[-1], scale=1, digits=0)]
             )
-    return markdown_table(rows)
+    return f"{markdown_table(rows)}\n\n{avg.note()}"
 
 
 def ablation_table(records: list[dict[str, Any]], variants: dict[str, str]) -> str:
@@ -282,20 +254,22 @@ def ablation_table(records: list[dict[str, Any]], variants: dict[str, str]) -> s
     for r in records:
         by[(r["dataset"], r["method"])].append(r)
     datasets = sorted({d for d, _ in by})
+    avg = Averaging.of(set(by), list(variants))
     rows = [["variant", "n", *(f"{d} acc %" for d in datasets), "avg acc %", "avg ev. F1 %", "tok"]]
     for label, name in variants.items():
-        groups = [by[(d, label)] for d in datasets]
-        if not any(groups):
+        if label not in avg.present:
             continue
+        groups = [by.get((d, label), []) for d in datasets]
+        over = [by[(d, label)] for d in avg.over(label)]
         acc = [_estimate([_values(g, "accuracy")]) for g in groups]
-        avg = [_estimate([_values(g, m) for g in groups]) for m in ("accuracy", "evidence_f1")]
-        tokens = _estimate([_values(g, "context_tokens") for g in groups])
+        means = [_estimate([_values(g, m) for g in over]) for m in ("accuracy", "evidence_f1")]
+        tokens = _estimate([_values(g, "context_tokens") for g in over])
         rows.append(
             [name, str(sum(map(len, groups)))]
-            + [_interval_cell(e) for e in [*acc, *avg]]
+            + [_interval_cell(e) for e in [*acc, *means]]
             + [_interval_cell(tokens, scale=1, digits=0)]
         )
-    return markdown_table(rows)
+    return f"{markdown_table(rows)}\n\n{avg.note()}"
 
 
 def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str) -> list[float]:
@@ -312,7 +286,14 @@ def paired_table(records: list[dict[str, Any]], pickers: list[str], baselines: l
     by = {(r["dataset"], r["method"], r["example_id"]): r for r in records}
     datasets = sorted({r["dataset"] for r in records})
     rows = [["picker", "baseline", "dataset", "n", "Δ acc %", "Δ ev. F1 %", "Δ tok"]]
-    for p, b in ((p, b) for p in pickers for b in baselines):
+    # A matched row takes one picker's set sizes: it is that picker's control only.
+    pairs = [
+        (p, b)
+        for p in pickers
+        for b in baselines
+        if matched_picker(b) in (None, p.removeprefix("picker:"))
+    ]
+    for p, b in pairs:
         per_dataset = {}
         for d in datasets:
             qs = sorted(q for (x, m, q) in by if x == d and m == p and (d, b, q) in by)
@@ -376,6 +357,7 @@ def picker_diagnostics(
                     tuple(r["pick_ids"]) if r.get("pick_ids") is not None else None,
                     len(shown),
                     tuple(i for i, pid in enumerate(shown, 1) if pid in gold) if gold else None,
+                    tuple(r.get("fallback_ids") or ()),
                 )
             )
         if not picks:
@@ -430,7 +412,9 @@ def write_report(
     paired = paired_table(records, pickers, baselines) if pickers else "(no picker evaluated)"
     path.write_text(
         f"# ctxpick evaluation\n\n{header}\n"
-        "acc = judged answer accuracy (%), tok = mean context tokens sent to the generator.\n\n"
+        "acc = judged answer accuracy (%), tok = mean context tokens sent to the generator, "
+        "fallback % = a picker's questions whose output did not parse, where the fallback "
+        "chose (as the service does).\n\n"
         f"{table}\n\n## With 95% confidence intervals\n\n"
         "Percentile bootstrap over questions (2000 resamples); `n` is how many questions a row "
         "rests on; the average resamples each dataset on its own. Evidence metrics are against "

@@ -24,6 +24,7 @@ class PickRecord:
     ids: tuple[int, ...] | None  # 1-based positions picked; None: the output did not parse
     shown: int  # passages shown
     gold: tuple[int, ...] | None  # 1-based positions of the gold evidence among those shown
+    fallback: tuple[int, ...] = ()  # 1-based positions the fallback sent when ids is None
 
 
 def set_f1(picked: Sequence[int], gold: Sequence[int]) -> float:
@@ -44,7 +45,7 @@ class Diagnostics:
     prefix_share: float  # valid picks that are exactly {1..|S|}
     picked_by_position: list[float]  # share of valid picks holding position i (1..max shown)
     gold_by_position: list[float]  # share of gold-annotated questions with gold at position i
-    f1: list[float]  # per question with gold: the picker's evidence F1 (invalid: 0)
+    f1: list[float]  # per question with gold: the evidence F1 of what was sent (invalid: fallback)
     random_f1: list[float]  # the same questions: a random subset of the picker's size
     constant_f1: list[float]  # the same questions: the most frequent set, cut to the pool
 
@@ -77,7 +78,7 @@ def diagnose(records: Sequence[PickRecord], seed: int = 0) -> Diagnostics:
             gold[i - 1] += 1
     f1, rand, const = [], [], []
     for r in with_gold:
-        ids = r.ids if r.ids is not None else tuple(range(1, r.shown + 1))  # the fallback
+        ids = r.ids if r.ids is not None else r.fallback
         f1.append(set_f1(ids, r.gold or ()))
         size = min(len(ids), r.shown)
         rand.append(set_f1(rng.sample(range(1, r.shown + 1), size), r.gold or ()))

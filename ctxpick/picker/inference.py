@@ -9,96 +9,48 @@ result, never hidden.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ctxpick.data.schema import Passage
 from ctxpick.engines.base import Chat, Completion, Engine, SamplingConfig
-from ctxpick.engines.prompts import format_passages
+from ctxpick.picker.batcher import Batcher
 from ctxpick.picker.format import InvalidPick, output_regex, parse_pick
+from ctxpick.picker.selection import (
+    FALLBACKS,
+    Candidate,
+    Selection,
+    as_passages,
+    fallback_passages,
+    fallback_selection,
+    passage_tokens,
+    select_within_budget,
+    token_counter,
+)
 from ctxpick.picker.spec import SPEC_FILE, PickerSpec
 
 log = logging.getLogger(__name__)
 
-FALLBACKS = ("top_k", "all")
-# What a caller may hand in as a candidate: plain text, or a record with ``text`` and
-# optional ``id`` / ``title`` (a retriever's hit).
-Candidate = str | Mapping[str, Any]
+ENGINES = ("process", "actor")  # where Picker.from_pretrained runs the vLLM engine
 
 
 @dataclass(frozen=True)
 class PickResult:
-    passages: list[Passage]  # the selected passages, full text, in the order picked
+    # The selected passages, full text, in the order picked; when the output does not parse,
+    # the fallback policy's (``valid`` False).
+    passages: list[Passage]
     text: str  # the picker's raw output
     rationale: str
     valid: bool
     reason: str = ""  # why the output was invalid
     ids: tuple[int, ...] | None = None  # 1-based positions picked among those shown
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What :meth:`Picker.pick` decided for one question."""
-
-    ids: list[str | int]  # the kept candidates' ids (their 0-based position if they had none)
-    indices: list[int]  # their 0-based positions in the request: retriever order
-    passages: list[Candidate]  # the kept candidates as given, in retriever order
-    rationale: str
-    tokens_in: int  # tokens of every candidate (picker tokenizer)
-    tokens_kept: int  # tokens of the kept ones
-    valid: bool  # the picker's output parsed
-    fallback: str | None  # why the fallback policy chose instead of the picker (None: it did)
-    budget_cut: bool  # ``token_budget`` dropped picked passages (the last ones in order)
-    latency_ms: float  # the engine call this question was part of
-    output: str = ""  # the picker's raw output
-    batch_size: int = 1  # questions in that engine call
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def apply_budget(
-    passages: list[Passage], budget: int | None, count: Callable[[Passage], int]
-) -> tuple[list[Passage], bool]:
-    """Keep passages in order while their tokens fit in ``budget``; True if any was cut."""
-    if budget is None:
-        return passages, False
-    kept, used = [], 0
-    for p in passages:
-        n = count(p)
-        if used + n > budget:
-            return kept, True
-        kept.append(p)
-        used += n
-    return kept, False
-
-
-def caller_id(candidate: Candidate, index: int) -> str | int:
-    """A candidate's id as its caller knows it: its own, else its 0-based position."""
-    own = None if isinstance(candidate, str) else candidate.get("id")
-    return index if own is None else own
-
-
-def as_passages(candidates: Sequence[Candidate]) -> list[Passage]:
-    """Candidates as passages whose ``doc_index`` is their position in the request."""
-    if not candidates:
-        raise ValueError("passages: empty list (nothing to pick from)")
-    out = []
-    for i, c in enumerate(candidates):
-        if isinstance(c, str):
-            out.append(Passage(str(i), i, 0, len(c), c))
-            continue
-        if not isinstance(c, Mapping) or not isinstance(c.get("text"), str):
-            raise ValueError(f"passages[{i}]: expected a string or a mapping with a 'text' string")
-        title = c.get("title") or ""
-        if not isinstance(title, str):
-            raise ValueError(f"passages[{i}].title: expected a string")
-        out.append(Passage(str(caller_id(c, i)), i, 0, len(c["text"]), c["text"], title))
-    return out
 
 
 @dataclass
@@ -110,19 +62,30 @@ class Picker:
     constrained: bool = False  # constrain decoding to the output format (vLLM structured outputs)
     name: str = ""  # the model's name in results and the audit trail
     count_tokens: Callable[[str], int] = field(default=lambda text: len(text.split()))
+    # Concurrent pick / apick calls share engine calls of up to this many questions; an idle
+    # engine waits batch_wait_s for company.
+    max_batch_size: int = 32
+    batch_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.fallback not in FALLBACKS:
             raise ValueError(f"picker fallback {self.fallback!r}: expected one of {FALLBACKS}")
         if self.fallback_k < 1:
             raise ValueError("picker fallback_k: expected >= 1")
+        # One engine call at a time: an in-process vLLM engine hands a concurrent call's
+        # outputs to whichever call collects first. Reentrant: _decide_each holds it across
+        # its calls of decide, which takes it too (decide is public).
+        self._engine_lock = threading.RLock()
+        self._batcher = Batcher(self._pick_jobs, self.max_batch_size, self.batch_wait_s)
 
     @classmethod
     def from_pretrained(
         cls,
         path_or_alias: str | Path,
         *,
-        engine: Callable[[str], Engine] | None = None,
+        engine: str | Callable[[str], Engine] = "process",
+        num_cpus: float = 1,
+        num_gpus: float = 0,
         max_model_len: int = 4096,
         cpu_kv_cache_gb: int = 1,
         seed: int = 0,
@@ -130,20 +93,27 @@ class Picker:
     ) -> Picker:
         """The one way to load a picker. ``path_or_alias``: a trained model folder
         (``.../final``), a run folder (its ``pickers.json``: the last stage), or a built-in
-        model alias (untrained: its config's prompt, and mostly fallbacks). ``engine`` builds
-        the engine from the model folder (an :class:`~ctxpick.engines.ray_pool.EnginePool` in
-        evaluation and serving); by default an in-process vLLM engine. The prompt is read
-        before any engine starts, so a bad folder fails fast."""
-        folder, spec = resolve_picker(path_or_alias)
-        spec = spec or PickerSpec.load(folder)
-        if engine is None:
-            from ctxpick.engines.vllm_engine import VLLMEngine
-
-            def engine(folder: str) -> Engine:
-                return VLLMEngine(
-                    folder, max_model_len=max_model_len, cpu_kv_cache_gb=cpu_kv_cache_gb, seed=seed
-                )
-
+        model alias (untrained: its config's prompt, and mostly fallbacks). ``engine``:
+        ``process`` (a vLLM engine in this process), ``actor`` (a vLLM engine in a Ray actor of
+        its own with ``num_cpus`` / ``num_gpus``, replaced if it dies: serving), or a function
+        building the engine from the model folder (evaluation's engine pool). The prompt is
+        read before any engine starts, so a bad folder fails fast."""
+        if not callable(engine) and engine not in ENGINES:
+            raise ValueError(
+                f"picker engine {engine!r}: expected one of {ENGINES} or a function of the folder"
+            )
+        folder, spec = load_spec(path_or_alias)
+        if not callable(engine):
+            engine = _vllm_engine(
+                engine,
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                # one batch of concurrent calls is one engine call
+                batch_size=options.get("max_batch_size", cls.max_batch_size),
+                max_model_len=max_model_len,
+                cpu_kv_cache_gb=cpu_kv_cache_gb,
+                seed=seed,
+            )
         options.setdefault("name", str(path_or_alias))
         if "count_tokens" not in options:  # loading a tokenizer costs a second: only if needed
             options["count_tokens"] = token_counter(folder)
@@ -156,19 +126,28 @@ class Picker:
         self, questions: Sequence[str], pools: Sequence[Sequence[Passage]]
     ) -> list[PickResult]:
         """``pools[i]`` best first; the picker sees its first ``max_passages``, cut to
-        ``max_passage_words`` words each, and returns full passages."""
+        ``max_passage_words`` words each, and returns full passages. An output that does not
+        parse returns what the fallback policy keeps of the whole pool: decided here, once, so
+        serving and evaluation cannot send different passages for the same output."""
         sampling = SamplingConfig(temperature=0.0, max_tokens=self.spec.max_tokens)
         sizes = [min(len(p), self.spec.max_passages) for p in pools]
-        outs = generate_picks(
-            self.engine, self.chats(questions, pools), sizes, sampling, self.spec, self.constrained
-        )
+        with self._engine_lock:
+            outs = generate_picks(
+                self.engine,
+                self.chats(questions, pools),
+                sizes,
+                sampling,
+                self.spec,
+                self.constrained,
+            )
         results = []
         for out, pool in zip(outs, pools, strict=True):
             ps, text = list(pool[: self.spec.max_passages]), out[0].text
             try:
                 pick = parse_pick(text, len(ps), self.spec.output_format)
             except InvalidPick as err:
-                results.append(PickResult(ps, text, "", False, str(err)))
+                kept = fallback_passages(pool, self.fallback, self.fallback_k)
+                results.append(PickResult(kept, text, "", False, str(err)))
                 continue
             chosen = [ps[i - 1] for i in pick.ids]
             results.append(PickResult(chosen, text, pick.rationale, True, ids=pick.ids))
@@ -179,74 +158,132 @@ class Picker:
         questions: Sequence[str],
         candidates: Sequence[Sequence[Candidate]],
         token_budgets: Sequence[int | None] | None = None,
-        token_counts: Sequence[Sequence[int]] | None = None,
+        token_counts: Sequence[Sequence[int] | None] | None = None,
+        isolate_errors: bool = True,
     ) -> list[Selection]:
         """One engine call for every question; ``candidates[i]`` in retriever order.
         ``token_counts[i]``: each candidate's tokens, when the caller has counted them already
-        (the service's ingress, for its limits): the engine's thread does not count again."""
-        budgets = list(token_budgets) if token_budgets is not None else [None] * len(questions)
-        if not len(questions) == len(candidates) == len(budgets):
-            raise ValueError("pick_many: questions, candidates and token_budgets differ in length")
+        (the service's ingress, for its limits): the engine's thread does not count again.
+        A question the engine fails on (a prompt past its context) gets the fallback policy's
+        passages, its ``fallback`` naming the error; the others are decided as usual. With
+        ``isolate_errors=False`` an engine error is raised instead (evaluation: a failure is
+        not the picker's decision and must not be recorded as one)."""
+        n = len(questions)
+        budgets = list(token_budgets) if token_budgets is not None else [None] * n
+        given = list(token_counts) if token_counts is not None else [None] * n
+        if not n == len(candidates) == len(budgets) == len(given):
+            raise ValueError(
+                "pick_many: questions, candidates, token_budgets and token_counts differ in length"
+            )
         pools = [as_passages(c) for c in candidates]
-        counts = token_counts or [passage_tokens(self.count_tokens, ps) for ps in pools]
+        counts = [
+            list(c) if c is not None else passage_tokens(self.count_tokens, ps)
+            for c, ps in zip(given, pools, strict=True)
+        ]
         t0 = time.perf_counter()
-        decisions = self.decide(questions, pools)
-        latency = (time.perf_counter() - t0) * 1000
+        decisions = self._decide_each(questions, pools, isolate_errors)
+        call = {"latency_ms": (time.perf_counter() - t0) * 1000, "batch_size": n}
         out = []
-        for cands, pool, res, budget, sizes in zip(
-            candidates, pools, decisions, budgets, counts, strict=True
-        ):
-            fallback = None
-            if res.valid:
-                chosen = sorted(res.passages, key=lambda p: p.doc_index)
-            else:
-                fallback = f"invalid output ({res.reason}): {self.fallback}"
-                chosen = pool[: self.fallback_k] if self.fallback == "top_k" else pool
-            kept, cut = apply_budget(chosen, budget, lambda p, n=sizes: n[p.doc_index])
+        for cands, res, budget, sizes in zip(candidates, decisions, budgets, counts, strict=True):
+            if isinstance(res, Exception):
+                reason = f"engine error ({type(res).__name__}: {res}): {self.fallback}"
+                out.append(
+                    fallback_selection(
+                        cands, sizes, budget, self.fallback, self.fallback_k, reason, **call
+                    )
+                )
+                continue
             out.append(
-                Selection(
-                    ids=[caller_id(cands[p.doc_index], p.doc_index) for p in kept],
-                    indices=[p.doc_index for p in kept],
-                    passages=[cands[p.doc_index] for p in kept],
+                select_within_budget(
+                    cands,
+                    sorted(res.passages, key=lambda p: p.doc_index),
+                    sizes,
+                    budget,
                     rationale=res.rationale,
-                    tokens_in=sum(sizes),
-                    tokens_kept=sum(sizes[p.doc_index] for p in kept),
                     valid=res.valid,
-                    fallback=fallback,
-                    budget_cut=cut,
-                    latency_ms=latency,
+                    fallback=None
+                    if res.valid
+                    else f"invalid output ({res.reason}): {self.fallback}",
                     output=res.text,
-                    batch_size=len(questions),
+                    **call,
                 )
             )
         return out
 
+    def _decide_each(
+        self, questions: Sequence[str], pools: Sequence[Sequence[Passage]], isolate: bool
+    ) -> list[PickResult | Exception]:
+        """One engine call for all; if it fails (and ``isolate``), one call per question, so
+        that a question the engine refuses fails alone."""
+        with self._engine_lock:
+            try:
+                return list(self.decide(questions, pools))
+            except Exception as err:
+                if not isolate:
+                    raise
+                if len(questions) == 1:
+                    return [err]
+            out: list[PickResult | Exception] = []
+            for question, pool in zip(questions, pools, strict=True):
+                try:
+                    out.extend(self.decide([question], [pool]))
+                except Exception as err:
+                    out.append(err)
+            return out
+
     def pick(
         self, question: str, passages: Sequence[Candidate], token_budget: int | None = None
     ) -> Selection:
-        """The minimal sufficient subset of ``passages`` (retriever order) for ``question``."""
-        return self.pick_many([question], [passages], [token_budget])[0]
+        """The minimal sufficient subset of ``passages`` (retriever order) for ``question``.
+        Calls from several threads share engine calls (see :meth:`apick`)."""
+        return self._submit(question, passages, token_budget, None).result()
 
     async def apick(
-        self, question: str, passages: Sequence[Candidate], token_budget: int | None = None
+        self,
+        question: str,
+        passages: Sequence[Candidate],
+        token_budget: int | None = None,
+        token_counts: Sequence[int] | None = None,
     ) -> Selection:
-        """:meth:`pick` off the event loop (the engine call blocks)."""
-        import asyncio
+        """:meth:`pick` without blocking the event loop: concurrent calls go into one engine
+        call, up to ``max_batch_size``. A call cancelled before its engine call starts is
+        dropped from it. ``token_counts``: as in :meth:`pick_many`."""
+        return await asyncio.wrap_future(
+            self._submit(question, passages, token_budget, token_counts)
+        )
 
-        return await asyncio.to_thread(self.pick, question, passages, token_budget)
+    def _submit(
+        self,
+        question: str,
+        passages: Sequence[Candidate],
+        budget: int | None,
+        counts: Sequence[int] | None,
+    ) -> Future:
+        as_passages(passages)  # a bad candidate is its caller's error, not its whole batch's
+        if counts is not None and len(counts) != len(passages):
+            raise ValueError(f"token_counts: {len(counts)} counts for {len(passages)} passages")
+        return self._batcher.submit((question, list(passages), budget, counts))
+
+    def _pick_jobs(self, jobs: list[tuple]) -> list[Selection]:
+        questions, candidates, budgets, counts = zip(*jobs, strict=True)
+        return self.pick_many(questions, candidates, budgets, counts)
 
 
-def token_counter(folder: str) -> Callable[[str], int]:
-    """Tokens of a text under the picker's own tokenizer."""
-    from transformers import AutoTokenizer
+def _vllm_engine(
+    kind: str, *, num_cpus: float, num_gpus: float, batch_size: int, **engine_kwargs: Any
+) -> Callable[[str], Engine]:
+    def start(folder: str) -> Engine:
+        if kind == "process":
+            from ctxpick.engines.vllm_engine import VLLMEngine
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+            return VLLMEngine(folder, **engine_kwargs)
+        from ctxpick.engines.ray_pool import EnginePool
 
+        return EnginePool.start(
+            folder, 1, num_cpus=num_cpus, num_gpus=num_gpus, batch_size=batch_size, **engine_kwargs
+        )
 
-def passage_tokens(count_tokens: Callable[[str], int], passages: Sequence[Passage]) -> list[int]:
-    """Each passage's tokens as the generator reads it (its context line)."""
-    return [count_tokens(format_passages([p])) for p in passages]
+    return start
 
 
 def generate_picks(
@@ -275,9 +312,16 @@ def generate_picks(
     return outs  # type: ignore[return-value]
 
 
+def load_spec(ref: str | Path) -> tuple[str, PickerSpec]:
+    """A picker reference as (model folder, the spec it is asked with): a trained folder's
+    ``picker.json``, else a built-in model's config prompt."""
+    folder, spec = resolve_picker(ref)
+    return folder, spec or PickerSpec.load(folder)
+
+
 def resolve_picker(ref: str | Path) -> tuple[str, PickerSpec | None]:
     """A picker reference as (model folder, spec); the spec is None when the folder carries
-    its own ``picker.json`` (read by :meth:`Picker.from_pretrained`)."""
+    its own ``picker.json`` (read by :func:`load_spec`)."""
     import json
 
     path = Path(ref).expanduser()
@@ -293,10 +337,9 @@ def resolve_picker(ref: str | Path) -> tuple[str, PickerSpec | None]:
             f"{ref}: neither a trained picker (no {SPEC_FILE}) nor a run folder (no pickers.json)"
         )
     # A built-in base model: the prompt its config trains with, untrained weights.
-    from ctxpick.config import compose, picker_spec
     from ctxpick.engines.models import BUILTINS, resolve
 
     if str(ref) not in BUILTINS:
         raise FileNotFoundError(f"{ref}: not a folder and not a built-in model ({list(BUILTINS)})")
     log.warning("%s is an untrained base model: most of its outputs will fall back", ref)
-    return resolve(str(ref)), picker_spec(compose([f"picker.model={ref}"]))
+    return resolve(str(ref)), PickerSpec.builtin(str(ref))

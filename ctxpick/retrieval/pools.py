@@ -1,6 +1,6 @@
-"""Candidate pools: an example's passages ranked by BM25 or by the bundled dense embedder,
-queried with the question (inference) or the question plus its gold answer (mining, so the
-pool very likely holds the evidence)."""
+"""Candidate pools: an example's passages ranked by BM25, by the bundled dense embedder, or by
+the bundled cross-encoder over a first stage's top N, queried with the question (inference) or
+the question plus its gold answer (mining, so the pool very likely holds the evidence)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 from ctxpick.data.schema import ChunkedExample, Pool
 from ctxpick.retrieval.bm25 import BM25Index, build_index, tokenize, top_k
 
-RETRIEVERS = ("bm25", "dense")
+RETRIEVERS = ("bm25", "dense", "crossenc")
+FIRST_STAGES = ("bm25", "dense")
 
 
 @dataclass
@@ -22,6 +23,11 @@ class PoolConfig:
     # similarity under `embedder`, which sees the passages BM25's word overlap misses).
     retriever: str = "bm25"
     embedder: str = "all-minilm-l6-v2"
+    # crossenc: `reranker` (ctxpick/retrieval/rerank.py) reorders the `rerank_first_stage`
+    # retriever's top `rerank_n`; the pool is its first k. The eval's crossenc@K rows use it too.
+    reranker: str = "ms-marco-minilm-l12"
+    rerank_first_stage: str = "dense"
+    rerank_n: int = 20
     backend: str = "sparse"
     k1: float = 1.5
     b: float = 0.75
@@ -32,7 +38,17 @@ class PoolConfig:
         if self.query not in ("question", "question_answer"):
             raise ValueError(f"pool query must be question or question_answer, not {self.query!r}")
         if self.retriever not in RETRIEVERS:
-            raise ValueError(f"pool retriever must be bm25 or dense, not {self.retriever!r}")
+            raise ValueError(f"pool retriever must be one of {RETRIEVERS}, not {self.retriever!r}")
+        if self.rerank_first_stage not in FIRST_STAGES:
+            raise ValueError(
+                f"pool rerank_first_stage must be one of {FIRST_STAGES}, "
+                f"not {self.rerank_first_stage!r}"
+            )
+        if self.retriever == "crossenc" and self.rerank_n < self.k:
+            raise ValueError(
+                f"pool rerank_n={self.rerank_n} must be >= k={self.k}: a cross-encoder pool "
+                "is the first k of the reranked top rerank_n"
+            )
         if self.backend not in ("sparse", "rank_bm25"):
             raise ValueError(f"pool backend must be sparse or rank_bm25, not {self.backend!r}")
 
@@ -71,11 +87,32 @@ class PoolBuilder:
             self._dense = DenseRetriever(self.cfg.embedder)
         return np.asarray(self._dense.scores(item, self._query(item)))
 
+    def crossenc_scores(self, item: ChunkedExample) -> np.ndarray:
+        """The cross-encoder's logit for each of the first stage's top ``rerank_n`` passages
+        of ``item``; the passages it does not read rank below all of them, in the first
+        stage's order (a Top-K past ``rerank_n`` appends them, as a pipeline keeping the
+        retriever's tail would)."""
+        from ctxpick.retrieval.rerank import load_reranker, passage_text
+
+        first = self.dense_scores(item) if self.cfg.rerank_first_stage == "dense" else None
+        first = self.bm25_scores(item) if first is None else first
+        order = top_k(first, len(first))
+        read, rest = order[: self.cfg.rerank_n], order[self.cfg.rerank_n :]
+        logits = load_reranker(self.cfg.reranker).score(
+            self._query(item), [passage_text(item.passages[i]) for i in read]
+        )
+        out = np.empty(len(item.passages))
+        out[read] = logits
+        out[rest] = (logits.min() if len(logits) else 0.0) - 1.0 - np.arange(len(rest))
+        return out
+
     def scores(self, item: ChunkedExample) -> np.ndarray:
         """The pool retriever's score of every passage of ``item``."""
-        if self.cfg.retriever == "dense":
-            return self.dense_scores(item)
-        return self.bm25_scores(item)
+        return {
+            "bm25": self.bm25_scores,
+            "dense": self.dense_scores,
+            "crossenc": self.crossenc_scores,
+        }[self.cfg.retriever](item)
 
     def build(self, item: ChunkedExample) -> Pool:
         ex = item.example

@@ -1,12 +1,20 @@
-"""The picker's reward (paper Eq. 8), in the two readings the equation admits.
+r"""The picker's reward (paper Eq. 8), in the two readings the equation admits.
 
-``coverage = |S ∩ S_gold| / |S_gold|``; ``over = max(0, |S| - |S_gold|)``; ``m`` is the
-redundancy margin red_i and ``γ`` its weight. Inside the margin (``over <= m``):
+``coverage = |S ∩ S_gold| / |S_gold|``; ``over = |S \ S_gold|``, the selected passages outside
+the gold set; ``m`` is the redundancy margin red_i and ``γ`` its weight. Inside the margin
+(``over <= m``):
 
-* ``printed`` -- Eq. 8 as printed: ``coverage - γ·max(0, |S| - |S_gold| - m)``. Inside its own
-  branch the max is always 0, so this is plain coverage up to the margin.
+* ``printed`` -- Eq. 8 as printed: ``coverage - γ·max(0, over - m)``. Inside its own branch the
+  max is always 0, so this is plain coverage up to the margin.
 * ``described`` -- the behaviour the text describes: a penalty proportional to over-selection,
   ``coverage - γ·over/m`` (``over/1`` when m = 0).
+
+The paper writes over-selection as ``|S| - |S_gold|``. That equals ``|S \ S_gold|`` whenever S
+holds all the gold, but not otherwise: with it, adding a gold passage to a selection that misses
+some could push ``|S| - |S_gold|`` past the margin and *lower* the reward, which pays a
+compressing picker to stop short of the gold on multi-hop questions. Counting the passages
+outside the gold set makes the reward monotone both ways: a gold passage never lowers it, a
+non-gold one never raises it (property-tested over every subset of 8 passages).
 
 Beyond the margin the paper means "no reward for dumping the pool". A flat 0 does not say
 that under ``described``: a small wrong pick inside the margin can score ``-γ``, so 0 would pay
@@ -29,7 +37,8 @@ Worked example, ``|S_gold| = 2``, ``m = 3``, ``γ = 0.5``, S covers both gold pa
 
 Under ``printed`` a picker gains nothing by dropping a redundant passage until it crosses the
 margin; ``described`` rewards every passage dropped, which is what Stage II's compression is
-for. ``described`` is the default.
+for. Each stage names its reading (``stage.eq8``: Stage I ``printed``, recall; Stage II
+``described``, compression).
 """
 
 from __future__ import annotations
@@ -76,7 +85,7 @@ class RewardTerms:
     penalty: float  # coverage - reward for a valid output (beyond the margin: down to the floor)
     format_ok: bool
     size: int  # |S|
-    over_margin: bool  # |S| > |S_gold| + m
+    over_margin: bool  # |S \ S_gold| > m
     reason: str = ""  # why the output is invalid
     timed_out: bool = False
 
@@ -85,11 +94,11 @@ def set_reward(selected: Sequence[int], gold: Sequence[int], spec: RewardSpec) -
     """Reward of a valid selection against the mined minimal set."""
     s, g = set(selected), set(gold)
     coverage = len(s & g) / len(g) if g else float(not s)
-    over = max(0, len(s) - len(g))
+    over = len(s - g)
     if over > spec.margin:
         return RewardTerms(spec.floor, coverage, coverage - spec.floor, True, len(s), True)
     if spec.eq8 == "printed":
-        penalty = spec.gamma * max(0, len(s) - len(g) - spec.margin)
+        penalty = spec.gamma * max(0, over - spec.margin)
     else:
         penalty = spec.gamma * over / max(spec.margin, 1)
     return RewardTerms(coverage - penalty, coverage, penalty, True, len(s), False)

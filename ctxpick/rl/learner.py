@@ -12,7 +12,16 @@ from typing import Any
 
 import ray
 
+from ctxpick.engines.base import LoraAdapter
 from ctxpick.engines.ray_pool import Placement, actor_bundles, in_bundle, reserve
+from ctxpick.rl.batching import (
+    MicroBatch,
+    Plan,
+    TrainSequence,
+    collate,
+    micro_batches,
+    plan_updates,
+)
 from ctxpick.rl.grpo import GRPOConfig
 
 TOKENIZER_FILES = (
@@ -38,7 +47,7 @@ class LearnerConfig:
     micro_batch_size: int = 4
     grad_clip: float = 1.0
     logprob_chunk: int = 256  # positions per LM-head chunk in the log-prob pass
-    lora_rank: int = 0  # > 0: train low-rank adapters only (merged for rollouts and final/)
+    lora_rank: int = 0  # > 0: train low-rank adapters only (rl.lora_sync: how rollouts get them)
     lora_alpha: float = 16.0
     lora_targets: list[str] = field(
         default_factory=lambda: [
@@ -64,36 +73,13 @@ class LearnerConfig:
     def deepspeed_config(self, world_size: int) -> dict[str, Any]:
         return {
             "train_micro_batch_size_per_gpu": self.micro_batch_size,
-            "gradient_accumulation_steps": 1,  # set per step from the batch size
+            "gradient_accumulation_steps": 1,  # Learner._step sets each boundary itself
             "train_batch_size": self.micro_batch_size * world_size,
             "gradient_clipping": self.grad_clip,
             "bf16": {"enabled": True},
             "zero_optimization": {"stage": self.zero_stage},
             "steps_per_print": 10**9,
         }
-
-
-@dataclass(frozen=True)
-class TrainSequence:
-    ids: list[int]  # prompt + response token ids
-    prompt_len: int  # loss is on ids[prompt_len:]
-    advantage: float = 0.0
-    sampler_logps: list[float] | None = None  # the rollout engine's logprob of each response token
-    group: int = -1  # sequences sharing a prompt share a group id; -1: a group of its own
-    weights: list[float] | None = None  # sft: loss weight of each response token (None: 1)
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """One prompt with up to ``micro_batch_size`` of its responses. A padding micro-batch is a
-    zero-weight copy that gives every rank the same number of forward/backward passes:
-    DeepSpeed's collectives (gradient reduction, ZeRO-3 gathers) hang otherwise."""
-
-    seqs: list[TrainSequence]
-    padding: bool = False
-
-
-Plan = list[list[MicroBatch]]  # one rank's mini-batches, each a list of micro-batches
 
 
 class Learner:
@@ -167,17 +153,21 @@ class Learner:
         self, micro_batches: list[MicroBatch], total_tokens: int, temperature: float, loss_fn: Any
     ) -> dict[str, float]:
         """One optimizer step over this rank's share of a (mini-)batch. ``loss_fn(logp, batch,
-        index)`` returns a summed loss; scaling by ``micro-batches * world / total_tokens``
-        undoes DeepSpeed's mean over micro-batches and ranks, so the update is a token mean over
-        the global (mini-)batch."""
-        accum = len(micro_batches)
-        self.engine.set_train_batch_size(self.cfg.micro_batch_size * accum * self.world_size)
+        index)`` returns a summed loss; scaling by ``world / total_tokens`` undoes DeepSpeed's
+        mean over ranks, so the update is a token mean over the global (mini-)batch.
+
+        The accumulation boundary is set by hand at every micro-batch: DeepSpeed's own counts
+        micro-steps since the engine started against a fixed accumulation count, so mini-batches
+        of different sizes would step mid-batch and carry gradients into the next one."""
         totals: dict[str, float] = {}
         for i, mb in enumerate(micro_batches):
-            batch = _collate(mb, self.device)
+            self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
+            batch = collate(mb, self.device)
             logp, entropy = self._logprobs(self.engine, batch, temperature)
             loss_sum, stats = loss_fn(logp, batch, i)
-            self.engine.backward(loss_sum * accum * self.world_size / max(total_tokens, 1))
+            self.engine.backward(
+                loss_sum * self.world_size / max(total_tokens, 1), scale_wrt_gas=False
+            )
             self.engine.step()
             stats |= {
                 "loss": loss_sum.detach(),
@@ -235,7 +225,7 @@ class Learner:
             with torch.no_grad():
                 old = [
                     [
-                        self._logprobs(self.engine, _collate(mb, self.device), temperature)[0]
+                        self._logprobs(self.engine, collate(mb, self.device), temperature)[0]
                         for mb in mini
                     ]
                     for mini in plan
@@ -265,8 +255,8 @@ class Learner:
 
         out = []
         with torch.no_grad():
-            for mb in _micro_batches(seqs, self.cfg.micro_batch_size):
-                batch = _collate(mb, self.device)
+            for mb in micro_batches(seqs, self.cfg.micro_batch_size):
+                batch = collate(mb, self.device)
                 logp, _ = self._logprobs(self.engine, batch, temperature)
                 out += [
                     logp[i, : len(s.ids) - s.prompt_len].tolist() for i, s in enumerate(mb.seqs)
@@ -307,6 +297,18 @@ class Learner:
             buckets.append(save(current))
         return buckets
 
+    def adapter(self) -> LoraAdapter:
+        """The LoRA adapter alone, in PEFT's format for the base model this learner loaded:
+        what rollout engines serving that base need (no collective: LoRA excludes ZeRO-3)."""
+        from ctxpick.rl.lora import adapter
+
+        cfg = self.cfg
+        if not cfg.lora_rank:
+            raise RuntimeError("adapter(): this learner trains no LoRA (lora_rank=0)")
+        return adapter(
+            self.engine.module, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, self.model_path
+        )
+
     def connect_engines(self, mode: str, engines: list[Any], rendezvous: Any) -> None:
         """GPU weight transfer (``nccl`` / ``ipc``) to the rollout engines, on every rank."""
         from ctxpick.rl.weight_sync import trainer_engine
@@ -322,7 +324,9 @@ class Learner:
 
     def save_pretrained(self, path: str) -> str:
         """A self-contained HF folder (weights, config, tokenizer): Stage II starts from it and
-        ``picker.model`` can name it."""
+        ``picker.model`` can name it. With LoRA, also the adapter alone in ``adapter/`` (a
+        subfolder: transformers would read an adapter_config.json beside the weights as an
+        adapter to load onto its base)."""
         state = self._full_state()
         if self.rank == 0:
             out = Path(path)
@@ -330,6 +334,8 @@ class Learner:
             for name in TOKENIZER_FILES:
                 if (Path(self.model_path) / name).exists():
                     shutil.copy(Path(self.model_path) / name, out / name)
+            if self.cfg.lora_rank:
+                self.adapter().write(str(out / "adapter"))
         return path
 
     def save_checkpoint(self, path: str, tag: str, client_state: dict[str, Any]) -> None:
@@ -349,83 +355,6 @@ class Learner:
         """Sum of all parameters: a cheap way to see that a step changed (or a load restored)
         the weights."""
         return float(sum(t.float().sum() for t in self._full_state().values()))
-
-
-def prompt_groups(seqs: list[TrainSequence]) -> list[list[TrainSequence]]:
-    """Consecutive sequences with the same ``group`` id (each ``-1`` stands alone)."""
-    out: list[list[TrainSequence]] = []
-    for s in seqs:
-        if out and s.group >= 0 and out[-1][0].group == s.group:
-            out[-1].append(s)
-        else:
-            out.append([s])
-    return out
-
-
-def _micro_batches(seqs: list[TrainSequence], size: int) -> list[MicroBatch]:
-    """Each prompt group cut into micro-batches of at most ``size`` sequences."""
-    return [
-        MicroBatch(g[i : i + size]) for g in prompt_groups(seqs) for i in range(0, len(g), size)
-    ]
-
-
-def _collate(mb: MicroBatch, device: Any) -> dict[str, Any]:
-    """One prompt and its right-padded responses, with the response mask (all zero for a
-    padding micro-batch), advantages and the sampler's log-probs, aligned with the responses."""
-    import torch
-
-    group = mb.seqs
-    width = max(len(s.ids) - s.prompt_len for s in group)
-    ids = torch.zeros(len(group), width, dtype=torch.long)
-    mask = torch.zeros(len(group), width)
-    sampler = torch.zeros(len(group), width)
-    weight = torch.ones(len(group), width)
-    for i, s in enumerate(group):
-        if not 0 < s.prompt_len < len(s.ids):
-            raise ValueError(f"sequence {i}: prompt_len {s.prompt_len} of {len(s.ids)} tokens")
-        if s.ids[: s.prompt_len] != group[0].ids[: group[0].prompt_len]:
-            raise ValueError(f"sequence {i} of a micro-batch does not share its prompt")
-        n = len(s.ids) - s.prompt_len
-        ids[i, :n] = torch.tensor(s.ids[s.prompt_len :])
-        mask[i, :n] = 0.0 if mb.padding else 1.0
-        if s.sampler_logps is not None:
-            sampler[i, :n] = torch.tensor(s.sampler_logps)
-        if s.weights is not None:
-            weight[i, :n] = torch.tensor(s.weights)
-    has_sampler = all(s.sampler_logps is not None for s in group)
-    return {
-        "prompt": torch.tensor(group[0].ids[: group[0].prompt_len]).to(device),
-        "ids": ids.to(device),
-        "mask": mask.to(device),
-        "adv": torch.tensor([s.advantage for s in group]).to(device),
-        "weight": weight.to(device),
-        "sampler": sampler.to(device) if has_sampler else None,
-    }
-
-
-def plan_updates(
-    seqs: list[TrainSequence], micro_batch_size: int, ranks: int, mini_batches: int = 1
-) -> tuple[list[Plan], list[int]]:
-    """Split a global batch into ``mini_batches`` mini-batches of whole prompt groups, each into
-    micro-batches dealt round-robin to ``ranks``; ranks short of the most get padding
-    micro-batches, so every rank runs the same number of passes whatever the group sizes.
-    Returns each rank's plan and each mini-batch's response-token count."""
-    groups = prompt_groups(seqs)
-    if len(groups) < mini_batches:
-        raise ValueError(
-            f"{len(groups)} prompt groups cannot fill rl.learner.grpo.mini_batches={mini_batches}"
-        )
-    plans: list[Plan] = [[] for _ in range(ranks)]
-    tokens = []
-    for m in range(mini_batches):
-        chunk = groups[m * len(groups) // mini_batches : (m + 1) * len(groups) // mini_batches]
-        mbs = _micro_batches([s for g in chunk for s in g], micro_batch_size)
-        shards = [mbs[r::ranks] for r in range(ranks)]
-        width = max(len(shard) for shard in shards)
-        for plan, shard in zip(plans, shards, strict=True):
-            plan.append(shard + [MicroBatch(mbs[0].seqs, padding=True)] * (width - len(shard)))
-        tokens.append(sum(len(s.ids) - s.prompt_len for g in chunk for s in g))
-    return plans, tokens
 
 
 def get_all(refs: list[ray.ObjectRef]) -> list[Any]:
@@ -509,6 +438,10 @@ class LearnerGroup:
         refs = [a.weight_buckets.remote(bucket_mb) for a in self.actors]
         ray.wait(refs, num_returns=len(refs), fetch_local=False)
         return refs[0]
+
+    def adapter(self) -> ray.ObjectRef:
+        """Rank 0's LoRA adapter (every rank holds the same)."""
+        return self.actors[0].adapter.remote()
 
     def call(self, method: str, *args: Any) -> list[Any]:
         return get_all([getattr(a, method).remote(*args) for a in self.actors])

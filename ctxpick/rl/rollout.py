@@ -11,7 +11,7 @@ from ctxpick.picker.examples import PickerExample
 from ctxpick.picker.inference import generate_picks
 from ctxpick.picker.spec import PickerSpec
 from ctxpick.rewards.service import RewardRequest
-from ctxpick.rl.learner import TrainSequence
+from ctxpick.rl.batching import TrainSequence
 
 
 @dataclass

@@ -10,72 +10,40 @@ step, and a re-run of the same command resumes from it.
 from __future__ import annotations
 
 import json
-import math
-import random
-import secrets
 import shutil
 import signal
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
-import ray
 import torch
 from ray.exceptions import RayActorError
 
 from ctxpick.config import Config, ConfigError, picker_spec, reward_spec
 from ctxpick.engines.base import SamplingConfig
-from ctxpick.engines.ray_pool import EnginePool, actor_bundles, init_ray, reserve
+from ctxpick.engines.ray_pool import init_ray
 from ctxpick.engines.vllm_engine import chat_prompt_ids
 from ctxpick.picker.diagnostics import PickRecord, diagnose
 from ctxpick.picker.examples import PickerExample, load_picker_examples, warm_start_pick
 from ctxpick.picker.format import InvalidPick, parse_pick, render_pick
 from ctxpick.picker.spec import PickerSpec
 from ctxpick.rewards.reward import RewardSpec, RewardTerms
-from ctxpick.rewards.service import RewardClient
+from ctxpick.rl.batching import TrainSequence
+from ctxpick.rl.dynamic_sampling import carries_signal, draw_signal_groups, zero_variance_share
 from ctxpick.rl.grpo import group_advantages
-from ctxpick.rl.learner import LearnerGroup, TrainSequence
+from ctxpick.rl.prompt_stream import PromptStream, TrainState
 from ctxpick.rl.rollout import Group, reward_requests, sample_groups, to_sequences
+from ctxpick.rl.run import Run
+from ctxpick.rl.stage_settings import check_stage_settings
 from ctxpick.tracking import Tracker
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    epoch: int = 0
-    cursor: int = 0  # position in this epoch's shuffled order
-    best_val: float = -math.inf
-    bad_evals: int = 0
-    stop_reason: str = ""
-    val_history: list[dict[str, float]] = field(default_factory=list)
-
-
-class PromptStream:
-    """Seeded, reproducible batches: epoch e visits the examples in ``shuffle(seed, e)`` order;
-    a batch never straddles two epochs. The position lives in :class:`TrainState`."""
-
-    def __init__(self, examples: list[PickerExample], batch_size: int, seed: int) -> None:
-        if len(examples) < batch_size:
-            raise ConfigError(
-                f"{len(examples)} training prompts but rl.prompts_per_step={batch_size}: mine "
-                "more data or lower rl.prompts_per_step"
-            )
-        self.examples, self.batch_size, self.seed = examples, batch_size, seed
-
-    def next_batch(self, state: TrainState) -> list[PickerExample]:
-        if state.cursor + self.batch_size > len(self.examples):
-            state.epoch, state.cursor = state.epoch + 1, 0
-        order = list(range(len(self.examples)))
-        random.Random(f"{self.seed}:{state.epoch}").shuffle(order)
-        idx = order[state.cursor : state.cursor + self.batch_size]
-        state.cursor += self.batch_size
-        return [self.examples[i] for i in idx]
 
 
 class StepTimer:
@@ -89,69 +57,14 @@ class StepTimer:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
 
 
-class Run:
-    """The actors of one stage: rollout engines, learners and the reward service."""
-
-    def __init__(self, cfg: Config) -> None:
-        self.cfg, stage, rl = cfg, cfg.stage, cfg.rl
-        model = stage.init_from or cfg.picker.model
-        if stage.init_from and not (Path(stage.init_from) / "config.json").exists():
-            raise ConfigError(f"stage.init_from={stage.init_from} is not a model folder")
-        # One placement group for the rollout workers and the learners, reserved at once:
-        # stages sharing a cluster (a sweep's points) queue whole instead of each holding
-        # part of what it needs.
-        engine_bundles = actor_bundles(rl.rollout)
-        self.pg = reserve(
-            engine_bundles + actor_bundles(rl.learner),
-            rl.placement_strategy,
-            f"ctxpick-{stage.name}-{secrets.token_hex(3)}",
-        )
-        # Engines load while the learners initialise.
-        self.transfer = rl.transfer_mode()
-        self.engines = EnginePool.from_config(
-            model,
-            rl.rollout,
-            cfg.seed,
-            wait=False,
-            replace_dead=False,  # a replacement would lack the synced weights: train() restarts
-            placement=(self.pg, 0),
-            logprobs_mode="processed_logprobs",
-            weight_transfer=self.transfer,
-        )
-        self.learners = LearnerGroup(
-            rl.learner, stage.lr, stage.init_from, placement=(self.pg, len(engine_bundles))
-        )
-        self.engines.ready()
-        if self.transfer != "object_store":
-            self.learners.connect_engines(self.transfer, self.engines.actors)
-        self.rewards = RewardClient(cfg.rewards.timeout_s, cfg.rewards.fallback)
-        from transformers import AutoTokenizer
-
-        from ctxpick.engines.models import resolve
-
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve(model))
-
-    def sync_weights(self) -> float:
-        """Push the learners' weights to the rollout workers; returns the seconds it took."""
-        if self.transfer == "object_store":
-            return self.engines.load_weights(self.learners.weight_buckets(self.cfg.rl.bucket_mb))
-        t0 = time.time()
-        self.learners.call("send_weights")
-        return time.time() - t0
-
-    def shutdown(self) -> None:
-        self.engines.shutdown()
-        self.learners.shutdown()
-        self.rewards.shutdown()
-        ray.util.remove_placement_group(self.pg)
-
-
-def _sampling(cfg: Config, step: int, greedy: bool = False) -> SamplingConfig:
+def _sampling(cfg: Config, step: int, greedy: bool = False, draw: int = 0) -> SamplingConfig:
     return SamplingConfig(
         temperature=0.0 if greedy else cfg.picker.temperature,
         max_tokens=cfg.picker.max_tokens,
         n=1 if greedy else cfg.stage.group_size,
-        seed=cfg.seed * 1_000_003 + step,  # fixed per step: a resumed step samples the same
+        # The step's seed (a resumed step samples the same); each prompt draws its own from it,
+        # and so does each draw of a step (dynamic sampling), should a prompt come up twice.
+        seed=cfg.seed * 1_000_003 + step + (draw << 32),
         logprobs=True,
     )
 
@@ -170,24 +83,54 @@ def _term_means(terms: list[RewardTerms]) -> dict[str, float]:
     }
 
 
+Scored = tuple[Group, list[RewardTerms]]
+
+
 def grpo_step(
-    run: Run, batch: list[PickerExample], spec: RewardSpec, step: int, timer: StepTimer
+    run: Run,
+    batch: list[PickerExample],
+    spec: RewardSpec,
+    step: int,
+    timer: StepTimer,
+    more: Callable[[int], list[PickerExample]] | None = None,
 ) -> tuple[dict[str, float], list[Group], list[list[RewardTerms]]]:
+    """Sample, score and learn from ``batch``; with ``rl.dynamic_sampling``, groups without
+    signal are replaced by groups of ``more(n)`` prompts. Returns every group drawn."""
     cfg = run.cfg
-    with timer("rollout"):
-        groups = sample_groups(
-            run.engines, batch, picker_spec(cfg), _sampling(cfg, step), cfg.picker.constrained
-        )
-    with timer("reward"):
-        terms = run.rewards.score(reward_requests(groups), spec)
-    rewards = torch.tensor([t.reward for ts in terms for t in ts])
+
+    def draw(n: int, d: int) -> list[Scored]:
+        prompts = batch if d == 0 else more(n)  # type: ignore[misc]
+        with timer("rollout"):
+            groups = sample_groups(
+                run.engines,
+                prompts,
+                picker_spec(cfg),
+                _sampling(cfg, step, draw=d),
+                cfg.picker.constrained,
+            )
+        with timer("reward"):
+            return list(zip(groups, run.rewards.score(reward_requests(groups), spec), strict=True))
+
+    def signal(scored: Scored) -> bool:
+        return carries_signal([t.reward for t in scored[1]])
+
+    if cfg.rl.dynamic_sampling and more is not None:
+        kept, drawn = draw_signal_groups(draw, signal, len(batch), cfg.rl.max_prompt_draws)
+    else:
+        kept = drawn = draw(len(batch), 0)
+    rewards = torch.tensor([t.reward for _, ts in kept for t in ts])
     adv = group_advantages(rewards, cfg.stage.group_size, cfg.rl.learner.grpo.std_normalize)
     with timer("learn"):
-        seqs = to_sequences(groups, adv.tolist())
+        seqs = to_sequences([g for g, _ in kept], adv.tolist())
         stats = run.learners.step("grpo_step", seqs, cfg.picker.temperature)
-    prompt_tokens = sum(len(g.samples[0].prompt_token_ids) for g in groups)
-    metrics = {**_term_means([t for ts in terms for t in ts]), **stats}
-    return metrics | {"prompt_tokens": prompt_tokens}, groups, terms
+    groups, terms = [g for g, _ in drawn], [ts for _, ts in drawn]
+    metrics = {**_term_means([t for ts in terms for t in ts]), **stats} | {
+        "prompt_tokens": sum(len(g.samples[0].prompt_token_ids) for g, _ in kept),
+        "zero_variance_groups": zero_variance_share([signal(s) for s in drawn]),
+        "prompts_drawn": len(drawn),
+        "groups_trained": len(kept),
+    }
+    return metrics, groups, terms
 
 
 def sft_step(run: Run, batch: list[PickerExample], timer: StepTimer) -> dict[str, float]:
@@ -249,6 +192,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     ``run``: actors to reuse (the caller owns them). A fresh stage needs freshly initialised
     ones; a resume restores the whole learner state from the checkpoint, so any will do."""
     stage, rl, out = cfg.stage, cfg.rl, Path(cfg.output_dir)
+    check_stage_settings(cfg, out)  # what out holds was trained with these settings, or none
     if done := _finished(cfg, out):
         print(f"[{stage.name}] already finished: {done}", flush=True)
         return done
@@ -284,7 +228,10 @@ def train(cfg: Config, run: Run | None = None) -> Path:
             if stage.kind == "sft":
                 metrics = sft_step(run, batch, timer)
             else:
-                metrics, groups, terms = grpo_step(run, batch, spec, state.step, timer)
+                metrics, groups, terms = grpo_step(
+                    run, batch, spec, state.step, timer, partial(stream.next_batch, state)
+                )
+                batch = [g.example for g in groups]  # with the prompts dynamic sampling added
                 tables["samples"] = _sample_rows(groups, terms, state.step, rl.samples_logged)
             state.step += 1
             validating = state.step % rl.val_every == 0 or state.step == stage.max_steps
@@ -409,9 +356,11 @@ def _finished(cfg: Config, out: Path) -> Path | None:
     state = TrainState(**json.loads(result.read_text()))
     if state.step < cfg.stage.max_steps and not state.stop_reason:
         return None  # finished at fewer steps than now asked: train on from the checkpoint
-    if PickerSpec.load(final) != picker_spec(cfg):
+    done, asked = PickerSpec.load(final), picker_spec(cfg)
+    # The pool as evaluation checks it (a recorded k, or none recorded, is no mismatch).
+    if replace(done, pool=None) != replace(asked, pool=None) or done.pool_mismatch(asked.pool):
         raise ConfigError(
-            f"{out} holds a stage finished with another picker prompt or format "
+            f"{out} holds a stage finished with another picker prompt, format or pool "
             f"({final / 'picker.json'}): train into another output_dir"
         )
     return final
@@ -469,7 +418,7 @@ def _progress(name: str, state: TrainState, m: dict[str, Any]) -> str:
     if "reward" in m:
         line += (
             f"reward {m['reward']:+.3f} cov {m['coverage']:.2f} |S| {m['mean_size']:.1f} "
-            f"valid {m['format_valid']:.0%} | "
+            f"valid {m['format_valid']:.0%} no-signal groups {m['zero_variance_groups']:.0%} | "
         )
     line += f"loss {m['loss']:.4f} | {m['time/step']:.1f}s"
     if "val/reward" in m:

@@ -1,8 +1,10 @@
 """The HTTP client of ``ctxpick serve``: the same ``pick`` / ``apick`` as the Python API
 (:class:`ctxpick.picker.inference.Picker`), so framework components take either.
 
-Transport errors, 429 and 503 are retried with backoff (tenacity); any other 4xx is the
-caller's mistake and raised at once as :class:`PickerError` with the service's message."""
+Transport errors and the "try again later" statuses (an overloaded or restarting service, or a
+proxy before it, whose body need not be JSON) are retried under the project's one retry
+policy (:mod:`ctxpick.engines.retry`); any other error status is raised at once as
+:class:`PickerError` with the service's message."""
 
 from __future__ import annotations
 
@@ -11,30 +13,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
+from tenacity import AsyncRetrying, Retrying
 
-from ctxpick.picker.inference import Candidate, Selection
+from ctxpick.engines.retry import StatusError, retrying
+from ctxpick.picker.selection import Candidate, Selection
 
-_RETRIED = (429, 503)
+BACKOFF_S = 0.2
 
 
-class PickerError(RuntimeError):
+class PickerError(StatusError):
     def __init__(self, status: int, body: Any) -> None:
         err = body.get("error", {}) if isinstance(body, dict) else {}
-        super().__init__(f"ctxpick service answered {status}: {err.get('message', body)}")
-        self.status, self.body = status, body
+        super().__init__(status, f"ctxpick service answered {status}: {err.get('message', body)}")
+        self.body = body
 
-
-def _transient(err: BaseException) -> bool:
-    return isinstance(err, httpx.TransportError) or (
-        isinstance(err, PickerError) and err.status in _RETRIED
-    )
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.status, self.body)
 
 
 class PickerClient:
@@ -53,46 +47,40 @@ class PickerClient:
         self._sync = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
         self._async_args = {"base_url": self.base_url, "headers": headers, "timeout": timeout_s}
 
-    def _retrying(self, cls: type) -> Any:
-        return cls(
-            retry=retry_if_exception(_transient),
-            stop=stop_after_attempt(self.max_attempts),
-            wait=wait_exponential(multiplier=0.2, max=5),
-            reraise=True,
-        )
-
     @staticmethod
     def _body(question: str, passages: Sequence[Candidate], budget: int | None) -> dict:
         return {"question": question, "passages": list(passages), "token_budget": budget}
 
     @staticmethod
     def _selection(resp: httpx.Response) -> Selection:
-        body = resp.json()
         if resp.status_code != 200:
-            raise PickerError(resp.status_code, body)
+            try:
+                error: Any = resp.json()
+            except ValueError:  # a proxy's or a crashed server's plain text
+                error = resp.text
+            raise PickerError(resp.status_code, error)
+        body = resp.json()
         body.pop("id"), body.pop("model")
         return Selection(**body)
 
     def pick(
         self, question: str, passages: Sequence[Candidate], token_budget: int | None = None
     ) -> Selection:
-        for attempt in self._retrying(Retrying):
-            with attempt:
-                resp = self._sync.post(
-                    "/v1/pick", json=self._body(question, passages, token_budget)
-                )
-                return self._selection(resp)
-        raise AssertionError("unreachable")  # tenacity re-raises the last error
+        body = self._body(question, passages, token_budget)
+        return retrying(Retrying, self.max_attempts, BACKOFF_S)(
+            lambda: self._selection(self._sync.post("/v1/pick", json=body))
+        )
 
     async def apick(
         self, question: str, passages: Sequence[Candidate], token_budget: int | None = None
     ) -> Selection:
+        body = self._body(question, passages, token_budget)
         async with httpx.AsyncClient(**self._async_args) as client:
-            async for attempt in self._retrying(AsyncRetrying):
-                with attempt:
-                    body = self._body(question, passages, token_budget)
-                    return self._selection(await client.post("/v1/pick", json=body))
-        raise AssertionError("unreachable")
+
+            async def attempt() -> Selection:
+                return self._selection(await client.post("/v1/pick", json=body))
+
+            return await retrying(AsyncRetrying, self.max_attempts, BACKOFF_S)(attempt)
 
     def close(self) -> None:
         self._sync.close()

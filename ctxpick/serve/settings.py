@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ctxpick.picker.inference import FALLBACKS
+from ctxpick.picker.selection import FALLBACKS
 
 
 @dataclass
@@ -13,7 +13,9 @@ class ServeLimits:
 
     max_passages: int = 64  # candidates per request
     max_request_bytes: int = 262144  # the HTTP body
-    max_tokens_in: int = 16384  # tokens of all candidates (picker tokenizer)
+    # Tokens of all candidates (picker tokenizer): the generator's input, not the picker's,
+    # which sees each passage cut; the picker's prompt is held to serve.max_model_len.
+    max_tokens_in: int = 16384
     max_queued_requests: int = 64  # waiting for an engine replica, beyond its ongoing ones
 
     def __post_init__(self) -> None:
@@ -48,6 +50,7 @@ class ServeConfig:
     fallback: str = "top_k"  # top_k | all: what is kept when the picker's output is invalid
     fallback_k: int = 2
     constrained: bool = False  # constrained decoding to the picker's output format
+    timeout_s: float = 60.0  # a request's deadline, and the most it may ask; then the fallback
     api_key_env: str = ""  # if set, requests need "Authorization: Bearer $<this variable>"
     limits: ServeLimits = field(default_factory=ServeLimits)
     audit: ServeAudit = field(default_factory=ServeAudit)
@@ -57,5 +60,7 @@ class ServeConfig:
             raise ValueError(f"serve.fallback {self.fallback!r}: expected one of {FALLBACKS}")
         if self.num_replicas < 1 or self.max_batch_size < 1 or self.max_ongoing_requests < 1:
             raise ValueError("serve: num_replicas, max_batch_size, max_ongoing_requests >= 1")
+        if not self.timeout_s > 0:
+            raise ValueError(f"serve.timeout_s={self.timeout_s}: expected seconds > 0")
         if self.max_replicas and not 0 <= self.min_replicas <= self.max_replicas:
             raise ValueError("serve: autoscaling needs 0 <= min_replicas <= max_replicas")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ctxpick.picker.inference import Candidate, Selection
+from ctxpick.picker.selection import Candidate, Selection
 
 
 class PickerLike(Protocol):

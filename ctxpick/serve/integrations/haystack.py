@@ -8,7 +8,7 @@ from typing import Any
 
 from haystack import Document, component
 
-from ctxpick.picker.inference import Selection
+from ctxpick.picker.selection import Selection
 from ctxpick.serve.integrations import annotation, candidate
 
 

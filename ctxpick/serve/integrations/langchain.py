@@ -10,7 +10,7 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict
 
-from ctxpick.picker.inference import Selection
+from ctxpick.picker.selection import Selection
 from ctxpick.serve.integrations import annotation, candidate
 
 

@@ -9,13 +9,18 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from pydantic import Field
 
-from ctxpick.picker.inference import Selection
+from ctxpick.picker.selection import Selection
 from ctxpick.serve.integrations import annotation, candidate
 
 
 class CtxPickPostprocessor(BaseNodePostprocessor):
+    """Returns copies of the picked nodes, annotated with the decision. The annotation is kept
+    out of the text the LLM and the embedder read unless ``show_decision``: a rationale in
+    the generator's context would be read as evidence."""
+
     picker: Any = Field(exclude=True, description="a ctxpick Picker or PickerClient")
     token_budget: int | None = None
+    show_decision: bool = False
 
     @classmethod
     def class_name(cls) -> str:
@@ -39,11 +44,21 @@ class CtxPickPostprocessor(BaseNodePostprocessor):
             for i, n in enumerate(nodes)
         ]
 
-    @staticmethod
-    def _kept(nodes: list[NodeWithScore], sel: Selection) -> list[NodeWithScore]:
+    def _kept(self, nodes: list[NodeWithScore], sel: Selection) -> list[NodeWithScore]:
+        notes = annotation(sel)
+        hidden = [] if self.show_decision else list(notes)
+        out = []
         for i in sel.indices:
-            nodes[i].node.metadata.update(annotation(sel))
-        return [nodes[i] for i in sel.indices]
+            node = nodes[i].node
+            copy = node.model_copy(
+                update={
+                    "metadata": node.metadata | notes,
+                    "excluded_llm_metadata_keys": [*node.excluded_llm_metadata_keys, *hidden],
+                    "excluded_embed_metadata_keys": [*node.excluded_embed_metadata_keys, *hidden],
+                }
+            )
+            out.append(nodes[i].model_copy(update={"node": copy}))
+        return out
 
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None

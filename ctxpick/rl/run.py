@@ -1,0 +1,78 @@
+"""The actors of one training stage: rollout engines, learners and the reward service, placed
+together, and the weight sync between learners and engines."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+
+import ray
+
+from ctxpick.config import Config, ConfigError
+from ctxpick.engines.ray_pool import EnginePool, reserve
+from ctxpick.rewards.service import RewardClient
+from ctxpick.rl.learner import LearnerGroup
+from ctxpick.rl.placement import stage_bundles
+
+
+class Run:
+    """The actors of one stage: rollout engines, learners and the reward service."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg, stage, rl = cfg, cfg.stage, cfg.rl
+        model = stage.init_from or cfg.picker.model
+        if stage.init_from and not (Path(stage.init_from) / "config.json").exists():
+            raise ConfigError(f"stage.init_from={stage.init_from} is not a model folder")
+        # One placement group for the rollout workers and the learners, reserved at once:
+        # stages sharing a cluster (a sweep's points) queue whole instead of each holding
+        # part of what it needs.
+        bundles, learners_at = stage_bundles(rl.rollout, rl.learner)
+        self.pg = reserve(
+            bundles, rl.placement_strategy, f"ctxpick-{stage.name}-{secrets.token_hex(3)}"
+        )
+        # Engines load while the learners initialise.
+        self.transfer = rl.transfer_mode()
+        self.serves_lora = self.transfer == "adapter" and rl.serving_mode() == "lora"
+        self.engines = EnginePool.from_config(
+            model,
+            rl.rollout,
+            cfg.seed,
+            wait=False,
+            replace_dead=False,  # a replacement would lack the synced weights: train() restarts
+            placement=(self.pg, 0),
+            logprobs_mode="processed_logprobs",
+            weight_transfer=self.transfer,
+            # Adapter sync: the base model loaded once, the learner's adapter on top of it,
+            # served by vLLM's LoRA support or merged into the engine's weights.
+            max_lora_rank=rl.learner.lora_rank if self.serves_lora else 0,
+        )
+        self.learners = LearnerGroup(
+            rl.learner, stage.lr, stage.init_from, placement=(self.pg, learners_at)
+        )
+        self.engines.ready()
+        if self.transfer in ("nccl", "ipc"):
+            self.learners.connect_engines(self.transfer, self.engines.actors)
+        self.rewards = RewardClient(cfg.rewards.timeout_s, cfg.rewards.fallback)
+        from transformers import AutoTokenizer
+
+        from ctxpick.engines.models import resolve
+
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve(model))
+
+    def sync_weights(self) -> float:
+        """Push the learners' policy to the rollout workers (the LoRA adapter alone, or whole
+        weights: ctxpick/rl/weight_sync.py); returns the seconds it took."""
+        if self.transfer == "adapter":
+            return self.engines.load_weights(self.learners.adapter(), adapter=True)
+        if self.transfer == "object_store":
+            return self.engines.load_weights(self.learners.weight_buckets(self.cfg.rl.bucket_mb))
+        t0 = time.time()
+        self.learners.call("send_weights")
+        return time.time() - t0
+
+    def shutdown(self) -> None:
+        self.engines.shutdown()
+        self.learners.shutdown()
+        self.rewards.shutdown()
+        ray.util.remove_placement_group(self.pg)

@@ -1,0 +1,80 @@
+"""PickerClient against a real HTTP server on loopback that answers as a proxy in front of a
+restarting service does: plain-text 503s, then the answer."""
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ctxpick.serve.client import PickerClient, PickerError
+
+ANSWER = {
+    "id": "r1",
+    "model": "m",
+    "ids": [0],
+    "indices": [0],
+    "passages": ["a"],
+    "rationale": "r",
+    "tokens_in": 2,
+    "tokens_kept": 1,
+    "valid": True,
+    "fallback": None,
+    "budget_cut": False,
+    "latency_ms": 1.0,
+}
+
+
+@pytest.fixture
+def server():
+    """Serves the scripted (status, content type, body) answers in order; records requests."""
+    script, seen = [], []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            status, kind, body = script.pop(0)
+            self.send_response(status)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", script, seen
+    httpd.shutdown()
+    httpd.server_close()
+
+
+UNAVAILABLE = (503, "text/plain", b"upstream connect error or disconnect/reset before headers")
+OK = (200, "application/json", json.dumps(ANSWER).encode())
+
+
+def test_a_plain_text_503_is_retried_then_answered(server):
+    url, script, seen = server
+    client = PickerClient(url, max_attempts=4)
+    script[:] = [UNAVAILABLE, UNAVAILABLE, OK]
+    sel = client.pick("q", ["a", "b"])
+    assert sel.indices == [0] and len(seen) == 3
+    script[:] = [UNAVAILABLE, OK]
+    assert asyncio.run(client.apick("q", ["a", "b"])).indices == [0] and len(seen) == 5
+    client.close()
+
+
+def test_a_plain_text_error_that_is_not_transient_is_raised_with_its_text(server):
+    url, script, seen = server
+    client = PickerClient(url, max_attempts=4)
+    # A proxy's plain-text refusal: not transient (ctxpick.engines.retry), raised at once.
+    script[:] = [(413, "text/plain", b"Request Entity Too Large")]
+    with pytest.raises(PickerError, match="413: Request Entity Too Large") as err:
+        client.pick("q", ["a"])
+    assert err.value.status == 413 and len(seen) == 1
+    script[:] = [UNAVAILABLE] * 2
+    with pytest.raises(PickerError, match="503: upstream connect error"):
+        PickerClient(url, max_attempts=2).pick("q", ["a"])
+    client.close()
