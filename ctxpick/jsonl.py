@@ -37,12 +37,21 @@ class JsonlWriter:
     """Append-only JSONL, flushed per record: a killed job loses at most the line in flight."""
 
     def __init__(self, path: Path) -> None:
-        # A line torn by a crash has no newline: the next record must not be glued onto it.
-        torn = path.exists() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
+        # The line in flight when a job was killed has no newline. Complete JSON: terminate it.
+        # Torn mid-record: drop that fragment (it holds no record, and readers of the whole
+        # file, such as training's, would stop on it); every line before it stays.
+        tail = _unterminated_tail(path)
+        if tail is not None:
+            try:
+                json.loads(tail)
+            except ValueError:
+                log.warning("%s: dropped a torn last line (%d bytes)", path, len(tail))
+                with path.open("r+b") as fh:
+                    fh.truncate(path.stat().st_size - len(tail))
+            else:
+                with path.open("ab") as fh:
+                    fh.write(b"\n")
         self.fh = path.open("a", encoding="utf-8")
-        if torn:
-            self.fh.write("\n")
-            self.fh.flush()
 
     def write(self, rec: dict[str, Any]) -> None:
         self.fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -52,7 +61,20 @@ class JsonlWriter:
         self.fh.close()
 
 
-def _last_byte(path: Path) -> bytes:
+def _unterminated_tail(path: Path) -> bytes | None:
+    """The bytes after the file's last newline, if any (None: absent, empty or terminated);
+    read backwards from the end, not the whole file."""
+    if not path.exists() or (size := path.stat().st_size) == 0:
+        return None
+    tail, pos = b"", size
     with path.open("rb") as fh:
-        fh.seek(-1, 2)
-        return fh.read(1)
+        while pos > 0:
+            step = min(1 << 16, pos)
+            pos -= step
+            fh.seek(pos)
+            tail = fh.read(step) + tail
+            if b"\n" in tail:
+                break
+    if tail.endswith(b"\n"):
+        return None
+    return tail[tail.rfind(b"\n") + 1 :]

@@ -26,9 +26,10 @@ def test_generation_through_ray_actor(engine_actor):
     assert len(out) == 3 and all(len(c) == 1 for c in out)
     assert all(c[0].text.strip() and 0 < len(c[0].token_ids) <= 16 for c in out)
     assert all(c[0].prompt_tokens > 200 for c in out)
-    # greedy decoding is deterministic
-    again = ray.get(engine_actor.generate.remote(chats[:1], greedy))
-    assert again[0][0].token_ids == out[0][0].token_ids
+    # Greedy decoding is deterministic for the same batches. Not across batch make-ups: CPU
+    # kernels block a batch of 2 and of 1 differently, which flips near-ties.
+    again = EnginePool([engine_actor]).generate(chats, greedy, batch_size=2)
+    assert [c[0].token_ids for c in again] == [c[0].token_ids for c in out]
 
 
 def test_group_sampling_returns_logprobs(engine_actor):
