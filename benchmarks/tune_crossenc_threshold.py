@@ -24,7 +24,7 @@ import numpy as np
 from ctxpick.config import compose
 from ctxpick.eval import methods as M
 from ctxpick.eval.harness import retrieve
-from ctxpick.eval.report import evidence_f1
+from ctxpick.picker.diagnostics import set_f1
 
 GRID = np.round(np.arange(-8.0, 8.01, 0.5), 2)
 
@@ -39,12 +39,8 @@ def main(overrides: list[str]) -> None:
         f1, size = defaultdict(list), []
         for r in items:
             kept = M.baseline("crossenc_threshold", r, threshold=float(t)) or []
-            hit = len({p.pid for p in kept} & set(r.item.gold_pids))
-            rec = {
-                "evidence_recall": hit / len(r.item.gold_pids),
-                "evidence_precision": hit / len(kept),
-            }
-            f1[r.item.example.dataset].append(evidence_f1(rec))
+            picked = [p.pid for p in kept]
+            f1[r.item.example.dataset].append(set_f1(picked, r.item.gold_pids))
             size.append(len(kept))
         rows.append((float(np.mean([np.mean(v) for v in f1.values()])), float(t), np.mean(size)))
         print(f"threshold {t:+5.1f}  evidence F1 {rows[-1][0]:.3f}  |S| {rows[-1][2]:.2f}")

@@ -75,10 +75,14 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
 
     out = []
     for n, item in enumerate(chunked, 1):
+        bm25 = pools.bm25_scores(item)
         dense = pools.dense_scores(item) if wanted("dense") else None
-        cross = pools.crossenc_scores(item) if wanted("crossenc", "crossenc_threshold") else None
+        cross = None
+        if wanted("crossenc", "crossenc_threshold"):  # over the first stage computed above
+            first = dense if cfg.retrieval.pool.rerank_first_stage == "dense" else bm25
+            cross = pools.crossenc_scores(item, first)
         reranked = min(cfg.retrieval.pool.rerank_n, len(item.passages))
-        r = M.Retrieved(item, pools.bm25_scores(item), [], dense, by, cross, reranked)
+        r = M.Retrieved(item, bm25, [], dense, by, cross, reranked)
         r.pool = [int(i) for i in M.top_k(r.pool_scores, cfg.retrieval.pool.k)]
         out.append(r)
         if n % 100 == 0 or n == len(chunked):
@@ -141,6 +145,9 @@ def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]
             engine=lambda folder: EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed),
             fallback=cfg.eval.picker_fallback,
             fallback_k=cfg.eval.picker_fallback_k,
+            # The selection's picker-token counts go unused here (the harness counts the
+            # generator's): no tokenizer to load, no passage to count.
+            count_tokens=lambda text: 0,
         )
     except (OSError, ValueError) as err:  # the prompt is read before any engine starts
         raise ConfigError(f"eval.pickers: {err}") from None

@@ -72,10 +72,9 @@ class Picker:
             raise ValueError(f"picker fallback {self.fallback!r}: expected one of {FALLBACKS}")
         if self.fallback_k < 1:
             raise ValueError("picker fallback_k: expected >= 1")
-        # One engine call at a time: an in-process vLLM engine hands a concurrent call's
-        # outputs to whichever call collects first. Reentrant: _decide_each holds it across
-        # its calls of decide, which takes it too (decide is public).
-        self._engine_lock = threading.RLock()
+        # One engine call at a time (decide): an in-process vLLM engine hands a concurrent
+        # call's outputs to whichever call collects first.
+        self._engine_lock = threading.Lock()
         self._batcher = Batcher(self._pick_jobs, self.max_batch_size, self.batch_wait_s)
 
     @classmethod
@@ -215,21 +214,20 @@ class Picker:
     ) -> list[PickResult | Exception]:
         """One engine call for all; if it fails (and ``isolate``), one call per question, so
         that a question the engine refuses fails alone."""
-        with self._engine_lock:
+        try:
+            return list(self.decide(questions, pools))
+        except Exception as err:
+            if not isolate:
+                raise
+            if len(questions) == 1:
+                return [err]
+        out: list[PickResult | Exception] = []
+        for question, pool in zip(questions, pools, strict=True):
             try:
-                return list(self.decide(questions, pools))
+                out.extend(self.decide([question], [pool]))
             except Exception as err:
-                if not isolate:
-                    raise
-                if len(questions) == 1:
-                    return [err]
-            out: list[PickResult | Exception] = []
-            for question, pool in zip(questions, pools, strict=True):
-                try:
-                    out.extend(self.decide([question], [pool]))
-                except Exception as err:
-                    out.append(err)
-            return out
+                out.append(err)
+        return out
 
     def pick(
         self, question: str, passages: Sequence[Candidate], token_budget: int | None = None

@@ -87,15 +87,16 @@ class PoolBuilder:
             self._dense = DenseRetriever(self.cfg.embedder)
         return np.asarray(self._dense.scores(item, self._query(item)))
 
-    def crossenc_scores(self, item: ChunkedExample) -> np.ndarray:
+    def crossenc_scores(self, item: ChunkedExample, first: np.ndarray | None = None) -> np.ndarray:
         """The cross-encoder's logit for each of the first stage's top ``rerank_n`` passages
         of ``item``; the passages it does not read rank below all of them, in the first
         stage's order (a Top-K past ``rerank_n`` appends them, as a pipeline keeping the
         retriever's tail would)."""
         from ctxpick.retrieval.rerank import load_reranker, passage_text
 
-        first = self.dense_scores(item) if self.cfg.rerank_first_stage == "dense" else None
-        first = self.bm25_scores(item) if first is None else first
+        if first is None:  # ``first``: the first stage's scores, when the caller has them
+            dense = self.cfg.rerank_first_stage == "dense"
+            first = self.dense_scores(item) if dense else self.bm25_scores(item)
         order = top_k(first, len(first))
         read, rest = order[: self.cfg.rerank_n], order[self.cfg.rerank_n :]
         logits = load_reranker(self.cfg.reranker).score(

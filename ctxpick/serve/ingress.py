@@ -287,7 +287,10 @@ async def rerank(req: RerankRequest, request: Request, svc: Service = Depends(au
     ][: req.top_n or None]  # the rerank APIs' convention: 0 returns all
     LATENCY.labels("rerank").observe(time.perf_counter() - t0)
     REQUESTS.labels(request.url.path, "200").inc()
-    output = svc.limits.count_tokens(sel.output) if sel.output else 0
+    # On the counting thread: the fast tokenizer must not be shared across threads.
+    loop = asyncio.get_running_loop()
+    count = svc.limits.count_tokens
+    output = await loop.run_in_executor(svc._counting, count, sel.output) if sel.output else 0
     usage = RerankUsage(
         prompt_tokens=counted.prompt_tokens, total_tokens=counted.prompt_tokens + output
     )
