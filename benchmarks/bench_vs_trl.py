@@ -27,31 +27,12 @@ import time
 from pathlib import Path
 from statistics import mean
 
-from common import REPO, data_file
+from common import REPO, mined_file
 
 from ctxpick.config import compose, picker_spec, reward_spec
 
 MODEL = "smollm2-135m"
 THREADS = 2
-
-
-def mined_file(out: Path, n: int) -> Path:
-    """Human-gold records from the HotpotQA training split (the bundled sample without it)."""
-    from ctxpick.data.loaders import load_examples
-    from ctxpick.mining.human_gold import human_gold_records
-    from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
-    from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
-
-    path = data_file("train/hotpotqa_train_120.json", "hotpotqa_distractor_30.jsonl")
-    exs = load_examples(path, "hotpotqa", limit=n).examples
-    chunked = Chunker(ChunkingConfig(method="window", window_words=60)).chunk_all(exs)
-    pools = [PoolBuilder(PoolConfig(k=8, query="question_answer")).build(c) for c in chunked]
-    records = [r for r in human_gold_records(pools, ["train"] * len(pools)) if r["kept"]]
-    records[-1]["split"] = "val"  # the stage wants a validation prompt; ours validates on it
-    (out / "mine").mkdir(parents=True, exist_ok=True)
-    mined = out / "mine" / "mined.jsonl"
-    mined.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return mined
 
 
 def overrides(args: argparse.Namespace, out: Path, name: str, *extra: str) -> list[str]:
@@ -224,7 +205,7 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)  # a race starts from nothing on both sides
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
-    mined_file(out, args.questions)
+    mined_file(out, args.questions, query="question_answer")
     warm = warm_start(args, out)
     ours_rows = ours(args, out, warm)
     import ray

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from statistics import mean
 
-from common import REPO, SAMPLES
+from common import REPO, SAMPLES, mined_file
 
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- gpu-smoke:begin -->", "<!-- gpu-smoke:end -->"
@@ -40,22 +40,6 @@ def peak_tflops(name: str, override: float | None) -> float:
         if key in name:
             return value
     raise SystemExit(f"unknown GPU {name!r}: pass --peak-tflops")
-
-
-def mined(out: Path) -> Path:
-    from ctxpick.data.loaders import load_examples
-    from ctxpick.mining.human_gold import human_gold_records
-    from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
-    from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
-
-    exs = load_examples(SAMPLES / "hotpotqa_distractor_30.jsonl", "hotpotqa").examples
-    chunked = Chunker(ChunkingConfig(method="window", window_words=60)).chunk_all(exs)
-    pools = [PoolBuilder(PoolConfig(k=8, query="question_answer")).build(c) for c in chunked]
-    records = human_gold_records(pools, ["train"] * (len(pools) - 2) + ["val"] * 2)
-    path = out / "mine" / "mined.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records if r["kept"]))
-    return path
 
 
 def grpo_stage(
@@ -116,7 +100,8 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(0)
     peak = peak_tflops(gpu, args.peak_tflops)
     out = Path(args.out)
-    mined(out)
+    sample = SAMPLES / "hotpotqa_distractor_30.jsonl"
+    mined_file(out, None, source=sample, query="question_answer", val=2)
 
     from ctxpick.config import compose
     from ctxpick.rl.trainer import train

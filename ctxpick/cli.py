@@ -23,8 +23,9 @@ pipeline (Hydra apps over conf/; pass key=value overrides):
 
 utilities:
   data stats PATH [--format NAME] [--strict]   counts for a dataset file
-  models prepare [ALIAS ...]                   convert built-in models to safetensors (once)
-  models list                                  built-in models and where they are prepared
+  models prepare [NAME ...]                    prepare built-in models / shipped pickers (once)
+  models list                                  built-in models and shipped pickers
+  models ship FINAL --name NAME                copy a trained LoRA picker into the package
   openapi [--write]                            the service's OpenAPI schema (docs/openapi.json)
 """
 
@@ -129,19 +130,50 @@ def _openapi(argv: list[str]) -> None:
 
 def _models(argv: list[str]) -> None:
     from ctxpick.engines.models import BUILTINS, prepare, prepared_path
+    from ctxpick.picker.shipped import (
+        SHIPPED,
+        pin_entry,
+        prepare_shipped,
+        prepared_picker_path,
+        ship,
+    )
 
     parser = argparse.ArgumentParser(prog="ctxpick models")
-    parser.add_argument("action", choices=["prepare", "list"])
-    parser.add_argument("aliases", nargs="*", help=f"default: all of {', '.join(BUILTINS)}")
+    parser.add_argument("action", choices=["prepare", "list", "ship"])
+    parser.add_argument(
+        "names",
+        nargs="*",
+        help=f"prepare: built-in models or shipped pickers (default: {', '.join(BUILTINS)}); "
+        "ship: a trained LoRA stage's final/ folder",
+    )
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--name", help="ship: the shipped picker's name")
+    parser.add_argument("--base", default="qwen2.5-coder-0.5b", help="ship: its base model")
+    parser.add_argument("--summary", default="", help="ship: one line for `models list`")
     args = parser.parse_args(argv)
-    for alias in args.aliases or list(BUILTINS):
-        if args.action == "prepare":
-            print(f"{alias}: {prepare(alias, force=args.force)}", flush=True)
-        else:
+    if args.action == "ship":
+        if len(args.names) != 1 or not args.name:
+            sys.exit("usage: ctxpick models ship FINAL_FOLDER --name NAME [--base ALIAS]")
+        picker = ship(args.names[0], args.name, args.base, args.summary)
+        print(f"pin it in ctxpick/picker/shipped.py SHIPPED:\n{pin_entry(picker)}")
+        return
+    if args.action == "prepare":
+        for name in args.names or list(BUILTINS):
+            if name not in BUILTINS and name not in SHIPPED:
+                sys.exit(
+                    f"unknown model {name!r}: built-in {list(BUILTINS)}, shipped {list(SHIPPED)}"
+                )
+            done = prepare_shipped(name, force=args.force) if name in SHIPPED else None
+            print(f"{name}: {done or prepare(name, force=args.force)}", flush=True)
+    else:
+        for alias, model in BUILTINS.items():
             path = prepared_path(alias)
             state = "prepared" if (path / "config.json").exists() else "not prepared"
-            print(f"{alias:22s} {BUILTINS[alias].hf_name:40s} {state}: {path}")
+            print(f"{alias:22s} base model   {model.hf_name:40s} {state}: {path}")
+        for name, picker in SHIPPED.items():
+            path = prepared_picker_path(picker)
+            state = "prepared" if (path / "picker.json").exists() else "not prepared"
+            print(f"{name:22s} picker on {picker.base}: {picker.summary} ({state}: {path})")
 
 
 HYDRA_COMMANDS: dict[str, Callable[[Config], object]] = {

@@ -304,8 +304,19 @@ class RLConfig:
     dynamic_sampling: bool = False
     max_prompt_draws: int = 12
     samples_logged: int = 4  # rationales per step in the W&B table
+    # 0: strictly on-policy (each step samples with the weights it then updates). 1: the
+    # rollouts of step t+1 are generated while step t learns, with the policy before step t
+    # (one version behind the learner), corrected by the sampler's log-probs (grpo.tis_cap).
+    async_level: int = 0
 
     def __post_init__(self) -> None:
+        if self.async_level not in (0, 1):
+            raise ValueError(f"rl.async_level must be 0 or 1, not {self.async_level}")
+        if self.async_level and self.learner.grpo.tis_cap is None:
+            raise ValueError(
+                "rl.async_level=1 trains on samples one policy version old: set "
+                "rl.learner.grpo.tis_cap (e.g. 2.0) so the sampler's log-probs correct them"
+            )
         if self.pool_order not in ("pool", "shuffle"):
             raise ValueError(f"rl.pool_order must be pool or shuffle, not {self.pool_order!r}")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):

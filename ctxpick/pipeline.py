@@ -92,11 +92,12 @@ def run_demo(cfg: Config, overrides: list[str]) -> Path | None:
 
 
 def eval_config(cfg: Config, overrides: list[str], out: Path, pickers: dict[str, str]) -> Config:
-    """The main job's evaluation of ``pickers`` (label -> folder) on ``demo.eval_sources``."""
+    """The main job's evaluation of the ``pickers`` it trained (label -> folder), beside any
+    ``eval.pickers`` configured (the shipped one, in the demo), on ``demo.eval_sources``."""
     eval_cfg = compose([*overrides, *cfg.demo.eval, f"output_dir={out}"])
     return replace(
         eval_cfg,
-        eval=replace(eval_cfg.eval, pickers=pickers),
+        eval=replace(eval_cfg.eval, pickers=eval_cfg.eval.pickers | pickers),
         # path=None: the one-file shorthand would otherwise replace the sources again.
         data=replace(
             eval_cfg.data, sources=cfg.demo.eval_sources or eval_cfg.data.sources, path=None

@@ -15,9 +15,9 @@ from transformers import (
 from ctxpick.rl.logprobs import check_supported, group_logprobs
 
 
-def _model(config):
+def _model(config, attn="sdpa"):
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).float().eval()
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
 
 
 def _plain(model, prompt, responses, mask, temperature):
@@ -34,8 +34,16 @@ def _plain(model, prompt, responses, mask, temperature):
 
 @pytest.mark.parametrize("config", [LlamaConfig(**TINY_DECODER), Qwen2Config(**TINY_DECODER)])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_shared_prompt_logprobs_and_gradients_equal_a_plain_forward(config, temperature):
-    model = _model(config)
+@pytest.mark.parametrize("packed,attn", [(False, "sdpa"), (True, "sdpa"), (True, "eager")], ids=str)
+def test_shared_prompt_logprobs_and_gradients_equal_a_plain_forward(
+    config, temperature, packed, attn
+):
+    """Padded or packed (rl.learner.packing: the responses in one row, no padding; its mask
+    is additive, as both sdpa and eager attention apply it), the pass gives a plain forward's
+    log-probs and gradients, so the token-mean loss is unchanged; LM-head chunks (4 positions
+    per row) split responses and packed rows alike."""
+    model = _model(config, attn)
+    check_supported(model, packed)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 97, (23,), generator=g)
     responses = torch.randint(0, 97, (4, 9), generator=g)
@@ -44,7 +52,10 @@ def test_shared_prompt_logprobs_and_gradients_equal_a_plain_forward(config, temp
     mask[3, 2:] = 0
     weights = torch.randn(4, 9, generator=g)
 
-    shared, _ = group_logprobs(model, prompt, responses, mask, chunk=4, temperature=temperature)
+    shared, entropy = group_logprobs(
+        model, prompt, responses, mask, chunk=4, temperature=temperature, packed=packed
+    )
+    assert not shared.mul(1 - mask).any() and not entropy.mul(1 - mask).any()
     (shared * weights * mask).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
@@ -80,3 +91,34 @@ def test_unsupported_model_classes_are_refused():
     scaled.config.logits_scaling = 2.0
     with pytest.raises(ValueError, match="scales its logits: logits_scaling"):
         check_supported(scaled)
+
+
+def test_packing_is_refused_where_the_model_would_build_its_own_mask():
+    """Flash attention's varlen path and sliding windows would not see the packed mask."""
+    from transformers import MistralConfig
+
+    windowed = _model(MistralConfig(**TINY_DECODER, sliding_window=16))
+    check_supported(windowed)  # padded: the model's own mask has the window
+    with pytest.raises(ValueError, match="packing needs sdpa or eager attention"):
+        check_supported(windowed, packed=True)
+    flash = _model(LlamaConfig(**TINY_DECODER))
+    flash.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="flash_attention_2 attention"):
+        check_supported(flash, packed=True)
+
+
+def test_a_padding_micro_batch_runs_the_same_passes_and_learns_nothing():
+    """Ranks short of micro-batches run zero-weight copies (DeepSpeed's collectives need the
+    same passes on every rank): packed, a copy still runs its tokens, with a zero loss mask."""
+    from ctxpick.rl.batching import MicroBatch, TrainSequence, collate
+
+    model = _model(LlamaConfig(**TINY_DECODER))
+    seqs = [TrainSequence(list(range(12)) + [20 + i] * (i + 1), 12) for i in range(3)]
+    for padding in (False, True):
+        batch = collate(MicroBatch(seqs, padding=padding), "cpu")
+        logp, _ = group_logprobs(
+            model, batch["prompt"], batch["ids"], batch["present"], packed=True
+        )
+        there = batch["present"].bool()
+        assert logp[there].ne(0).all() and logp[~there].eq(0).all()
+        assert batch["mask"].sum() == (0 if padding else 6)

@@ -8,7 +8,7 @@ from ctxpick.data.schema import Passage
 from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.picker.examples import PickerExample
 from ctxpick.rl.rollout import sample_groups
-from ctxpick.rl.trainer import _sampling
+from ctxpick.rl.steps import sampling
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_each_prompt_of_a_step_samples_its_own_noise(engine_actor):
     batch = [same, same, _example("q2", "What is the capital of France?")]
 
     def tokens(step: int) -> list[list[list[int]]]:
-        groups = sample_groups(pool, batch, picker_spec(cfg), _sampling(cfg, step))
+        groups = sample_groups(pool, batch, picker_spec(cfg), sampling(cfg, step))
         return [[c.token_ids for c in g.samples] for g in groups]
 
     first = tokens(step=3)

@@ -221,7 +221,7 @@ def test_warm_start_weights_exactly_the_id_tokens():
 
     from ctxpick.engines.models import resolve
     from ctxpick.picker.format import FORMATS, Pick, render_pick
-    from ctxpick.rl.trainer import weighted_target
+    from ctxpick.rl.steps import weighted_target
 
     tok = AutoTokenizer.from_pretrained(resolve("smollm2-135m"))
     for fmt in FORMATS.values():

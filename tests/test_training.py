@@ -18,7 +18,8 @@ from ctxpick.rewards.reward import RewardSpec
 from ctxpick.rewards.service import RewardClient, RewardRequest
 from ctxpick.rl.batching import TrainSequence
 from ctxpick.rl.run import Run
-from ctxpick.rl.trainer import StepTimer, grpo_step, sft_step, train
+from ctxpick.rl.steps import grpo_step, sft_step
+from ctxpick.rl.trainer import train
 
 pytestmark = pytest.mark.slow
 
@@ -109,13 +110,7 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
     assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
     for resume_at in (1, 2):
         folder = root / f"resumed{resume_at}"
-        kept = f"checkpoints/step{resume_at}"
-        ignore = shutil.ignore_patterns("final", "checkpoints")
-        shutil.copytree(ref.parent, folder, symlinks=True, ignore=ignore)
-        shutil.copytree(ref.parent / kept, folder / kept, symlinks=True)
-        (folder / "checkpoints" / "latest").write_text(f"step{resume_at}")
-        with (folder / "metrics.jsonl").open("a") as fh:
-            fh.write('{"step": 4, "reward": 0.')  # torn by a crash mid-write
+        _resume_copy(ref.parent, folder, resume_at)
         final = train(
             tiny(
                 root,
@@ -154,22 +149,64 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
     assert chat[0]["content"] == ref_cfg.picker.instruction
 
 
-@pytest.mark.parametrize("kind", ["learner", "rollout"])
+ASYNC = ("rl.async_level=1", "rl.learner.grpo.tis_cap=2.0")
+
+
+def _resume_copy(ref, folder, step):
+    """``ref``'s stage folder as if it had stopped after ``step`` (a torn metrics line too)."""
+    ignore = shutil.ignore_patterns("final", "checkpoints")
+    shutil.copytree(ref, folder, symlinks=True, ignore=ignore)
+    kept = f"checkpoints/step{step}"
+    shutil.copytree(ref / kept, folder / kept, symlinks=True)
+    (folder / "checkpoints" / "latest").write_text(f"step{step}")
+    with (folder / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 4, "reward": 0.')
+
+
+def test_async_rollouts_are_one_version_old_and_a_resume_trains_on_the_same(ray_cluster, root):
+    """rl.async_level=1: step t+1's rollouts are sampled while step t learns, by the weights
+    before step t. No sample is more than one version old (the first step's none), and a
+    resume trains on the rollouts its checkpoint carries (sampled by a policy it no longer
+    holds): the uninterrupted run's batches, rewards and final weights."""
+    args = ("stage.max_steps=3", "rl.val_every=100", *ASYNC)
+    cfg = tiny(root, "async", *args, "rl.save_every=1", "rl.keep_checkpoints=3")
+    fresh = Run(cfg)  # the initial weights, like the other references'
+    try:
+        ref = train(cfg, run=fresh).parent
+        steps = _steps(ref)
+        assert [steps[s]["policy_lag"] for s in (1, 2, 3)] == [0, 1, 1]
+        _resume_copy(ref, root / "async_resumed", 1)
+        final = train(tiny(root, "async_resumed", *args), run=fresh)
+    finally:
+        fresh.shutdown()
+    resumed = _steps(root / "async_resumed")
+    for s in (2, 3):
+        assert resumed[s]["batch"] == steps[s]["batch"]
+        assert resumed[s]["reward"] == steps[s]["reward"]
+        assert resumed[s]["policy_lag"] == 1
+    assert _checksum(final) == pytest.approx(_checksum(ref / "final"), rel=1e-6)
+    _drop_checkpoints(ref, root / "async_resumed")
+
+
+@pytest.mark.parametrize(
+    "kind,async_level", [("learner", 0), ("rollout", 0), ("rollout", 1)], ids=str
+)
 def test_a_dead_actor_mid_stage_restarts_from_the_checkpoint_with_the_same_result(
-    ray_cluster, root, capsys, kind
+    ray_cluster, root, capsys, kind, async_level
 ):
-    """Kill a learner or a rollout worker during step 2 of the resume test's reference stage:
-    the stage restarts its actors from the step-1 checkpoint and ends with the reference's
-    batches and final weights (the tolerance of the exact-resume test)."""
+    """Kill a learner or a rollout worker during step 2 of a reference stage (the resume
+    test's, or the async test's): the stage restarts its actors from the step-1 checkpoint and
+    ends with the reference's batches and final weights (the tolerance of the exact-resume
+    test)."""
     import threading
     import time
 
     import ray
 
-    name = f"killed_{kind}"
+    name, ref_name = f"killed_{kind}_{async_level}", "async" if async_level else "ref"
     cfg = tiny(
         root, name, "stage.max_steps=3", "rl.save_every=1", "rl.val_every=100",
-        "rl.max_restarts=1",
+        "rl.max_restarts=1", *(ASYNC if async_level else ()),
     )  # fmt: skip
     victim = Run(cfg)  # fresh actors, like the reference's
     target = victim.learners.actors[0] if kind == "learner" else victim.engines.actors[0]
@@ -182,10 +219,10 @@ def test_a_dead_actor_mid_stage_restarts_from_the_checkpoint_with_the_same_resul
     threading.Thread(target=kill_after_the_first_checkpoint, daemon=True).start()
     final = train(cfg, run=victim)
     assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
-    steps, ref = _steps(root / name), _steps(root / "ref")
+    steps, ref = _steps(root / name), _steps(root / ref_name)
     assert sorted(steps) == [1, 2, 3]
     assert [steps[s]["batch"] for s in (1, 2, 3)] == [ref[s]["batch"] for s in (1, 2, 3)]
-    assert _checksum(final) == pytest.approx(_checksum(root / "ref" / "final"), rel=1e-6)
+    assert _checksum(final) == pytest.approx(_checksum(root / ref_name / "final"), rel=1e-6)
     _drop_checkpoints(root / name)
 
 
@@ -216,20 +253,21 @@ def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
     # every advantage 0), and a long one makes every sample of a group alike (advantage 0
     # again). Three rounds leave groups that disagree within a few steps.
     for _ in range(3):
-        sft_step(run, train_set[:2], StepTimer())
-        sft_step(run, train_set[2:], StepTimer())
+        sft_step(run, train_set[:2])
+        sft_step(run, train_set[2:])
     run.sync_weights()
     spec = RewardSpec(margin=1, gamma=0.5)
     for step in range(8):  # until a group disagrees, so the update is not zero
         before = run.learners.call("state_checksum")[0]
-        timer = StepTimer()
-        metrics, groups, terms = grpo_step(run, train_set[:2], spec, step, timer)
+        metrics, rollouts = grpo_step(run, train_set[:2], spec, step)
+        groups, terms = rollouts.groups, [ts for _, ts in rollouts.drawn]
         after = run.learners.call("state_checksum")[0]
         rewards = [t.reward for ts in terms for t in ts]
         if len(set(rewards[:4])) > 1 or len(set(rewards[4:])) > 1:
             break
     assert len(groups) == 2 and all(len(g.samples) == 4 for g in groups)
-    assert set(timer.seconds) == {"rollout", "reward", "learn"}
+    assert {"time/rollout", "time/reward", "time/learn"} <= set(metrics)
+    assert rollouts.version == step and metrics["groups_trained"] == 2
     assert metrics["format_valid"] > 0, "the warm start taught the format"
     assert after != before and metrics["grad_norm"] > 0
     for key in ("reward", "coverage", "mean_size", "kl", "clip_fraction", "entropy", "loss"):
@@ -250,9 +288,10 @@ def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
             asked.append(n)
             return train_set[2 : 2 + n]
 
-        metrics, groups, terms = grpo_step(run, train_set[:2], spec, step, StepTimer(), more)
+        metrics, rollouts = grpo_step(run, train_set[:2], spec, step, more)
     finally:
         run.cfg = shared
+    groups, terms = rollouts.groups, [ts for _, ts in rollouts.drawn]
     signal = sum(len({t.reward for t in ts}) > 1 for ts in terms)
     assert metrics["prompts_drawn"] == len(groups) == 2 + sum(asked) <= 4
     assert metrics["groups_trained"] == (min(signal, 2) or 2)
@@ -297,7 +336,7 @@ def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
     # confidence...
     elsewhere = [replace(e, gold=(4,), human_gold=(4,)) for e in ex[:2]]
     for _ in range(2):
-        sft_step(run, elsewhere, StepTimer())
+        sft_step(run, elsewhere)
     before, _ = gap()
     # ...and the sync brings them back to the same distribution, up to bf16 kernel noise
     # (vLLM's CPU kernels and PyTorch's round differently; the odd unlikely token differs
@@ -342,7 +381,7 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
         ex, chats = _train_chats(run, root)
         elsewhere = [replace(e, gold=(4,), human_gold=(4,)) for e in ex]
         for _ in range(3):
-            sft_step(run, elsewhere, StepTimer())
+            sft_step(run, elsewhere)
         before, _ = _gap(run, chats)
         assert run.sync_weights() > 0
         after, after_prob = _gap(run, chats)
@@ -353,7 +392,7 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
 
         final = out / "final"
         run.learners.call("save_pretrained", str(final))
-        _checkpoint(run, out, TrainState(step=3), keep=1)
+        _checkpoint(run, out, TrainState(step=3), keep=1, ahead=None)
     finally:
         run.shutdown()
     # final/: merged weights = base + (alpha / r) B A, and the adapter alone beside them.
@@ -376,7 +415,7 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
     try:
         sampling = SamplingConfig(1.0, max_tokens=24, n=2, seed=3, logprobs=True)
         from_base = resumed.engines.generate(chats, sampling)
-        assert _resume(resumed, out).step == 3
+        assert _resume(resumed, out)[0].step == 3
         stale, _ = _gap(resumed, chats, outs=from_base)
         synced, synced_prob = _gap(resumed, chats)
         print(f"resume: gap {stale.mean():.4f} to the base, {synced.mean():.4f} after re-sync")

@@ -7,16 +7,22 @@ which vLLM, transformers and DeepSpeed all load.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
+
+from ctxpick.engines.base import LoraAdapter
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +184,47 @@ def resolve(ref: str) -> str:
     if ref.startswith((".", "/", "~")):
         raise ModelNotFound(f"model folder {ref!r} does not exist")
     return ref  # a Hugging Face id, for machines that can reach the hub
+
+
+def check_plain_lora(config: dict[str, Any], where: object) -> None:
+    """Refuse PEFT options that change a LoRA delta from ``alpha / r * B A`` (what the merges
+    here compute): rsLoRA's scale, per-module ranks or alphas, DoRA."""
+    odd = {
+        k: config[k]
+        for k in ("use_rslora", "rank_pattern", "alpha_pattern", "use_dora")
+        if config.get(k)
+    }
+    if odd:
+        raise ValueError(f"{where}: LoRA options {odd} are not supported (plain alpha / r only)")
+
+
+def merged_weights(folder: str, adapter: LoraAdapter) -> Iterator[tuple[str, Any]]:
+    """Every tensor of the model folder's safetensors files, read as it is needed, with
+    ``alpha / r * B A`` added to each weight the adapter targets (in that weight's dtype)."""
+    from safetensors import safe_open
+    from safetensors.torch import load
+
+    config = json.loads(adapter.config)
+    check_plain_lora(config, "the adapter")
+    scale = config["lora_alpha"] / config["r"]
+    tensors = load(adapter.weights)
+    if embedded := [n for n in tensors if ".lora_embedding_" in n]:
+        raise ValueError(f"the adapter trains embeddings ({embedded[0]}): not supported here")
+    pairs = {
+        name.removeprefix("base_model.model.").removesuffix(".lora_A.weight") + ".weight": (
+            a,
+            tensors[name.replace(".lora_A.", ".lora_B.")],
+        )
+        for name, a in tensors.items()
+        if name.endswith(".lora_A.weight")
+    }
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        with safe_open(path, "pt") as fh:
+            for name in fh.keys():
+                w = fh.get_tensor(name)
+                if (ab := pairs.pop(name, None)) is not None:
+                    a, b = ab
+                    w = (w.float() + scale * b.float() @ a.float()).to(w.dtype)
+                yield name, w
+    if pairs:
+        raise ValueError(f"the adapter targets weights the base model lacks: {sorted(pairs)[:3]}")

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import ray
 
 from ctxpick.engines.base import Chat, Completion, LoraAdapter, SamplingConfig
-from ctxpick.engines.models import resolve
+from ctxpick.engines.models import merged_weights, resolve
 
 log = logging.getLogger(__name__)
 
@@ -242,37 +240,6 @@ def _transfer_config(backend: str | None) -> dict[str, Any]:
     from vllm.config import WeightTransferConfig
 
     return {"weight_transfer_config": WeightTransferConfig(backend=backend)}
-
-
-def merged_weights(folder: str, adapter: LoraAdapter) -> Iterator[tuple[str, Any]]:
-    """Every tensor of the model folder's safetensors files, read as it is needed, with
-    ``alpha / r * B A`` added to each weight the adapter targets (in that weight's dtype)."""
-    import json
-
-    from safetensors import safe_open
-    from safetensors.torch import load
-
-    config = json.loads(adapter.config)
-    scale = config["lora_alpha"] / config["r"]
-    tensors = load(adapter.weights)
-    pairs = {
-        name.removeprefix("base_model.model.").removesuffix(".lora_A.weight") + ".weight": (
-            a,
-            tensors[name.replace(".lora_A.", ".lora_B.")],
-        )
-        for name, a in tensors.items()
-        if name.endswith(".lora_A.weight")
-    }
-    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
-        with safe_open(path, "pt") as fh:
-            for name in fh.keys():
-                w = fh.get_tensor(name)
-                if (ab := pairs.pop(name, None)) is not None:
-                    a, b = ab
-                    w = (w.float() + scale * b.float() @ a.float()).to(w.dtype)
-                yield name, w
-    if pairs:
-        raise ValueError(f"the adapter targets weights the base model lacks: {sorted(pairs)[:3]}")
 
 
 def _lora_config(max_rank: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from ctxpick.judge.judges import JudgeItem, make_judge
 from ctxpick.judge.rules import exact_match, token_f1
 from ctxpick.picker.inference import Picker
 from ctxpick.picker.selection import apply_budget, passage_tokens, token_counter
+from ctxpick.picker.shipped import SHIPPED, picker_folder
 from ctxpick.picker.spec import PickerSpec
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
@@ -259,6 +260,13 @@ class EvalRun:
 
 
 def run_eval(cfg: Config) -> EvalRun:
+    # A shipped picker's name (`ctxpick models list`) stands for its prepared folder; its pool
+    # is checked before it is merged into its base (a GB written for nothing otherwise).
+    for ref in cfg.eval.pickers.values():
+        if ref in SHIPPED:
+            check_pool(str(SHIPPED[ref].folder), inference_pool(cfg))
+    pickers = {name: picker_folder(ref) for name, ref in cfg.eval.pickers.items()}
+    cfg = replace(cfg, eval=replace(cfg.eval, pickers=pickers))
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()

@@ -334,10 +334,16 @@ def resolve_picker(ref: str | Path) -> tuple[str, PickerSpec | None]:
         raise FileNotFoundError(
             f"{ref}: neither a trained picker (no {SPEC_FILE}) nor a run folder (no pickers.json)"
         )
-    # A built-in base model: the prompt its config trains with, untrained weights.
     from ctxpick.engines.models import BUILTINS, resolve
+    from ctxpick.picker.shipped import SHIPPED, picker_folder
 
+    if str(ref) in SHIPPED:  # a trained picker in the package: merged into its base once
+        return picker_folder(str(ref)), None
+    # A built-in base model: the prompt its config trains with, untrained weights.
     if str(ref) not in BUILTINS:
-        raise FileNotFoundError(f"{ref}: not a folder and not a built-in model ({list(BUILTINS)})")
+        raise FileNotFoundError(
+            f"{ref}: not a folder, a shipped picker ({list(SHIPPED)}) or a built-in model "
+            f"({list(BUILTINS)})"
+        )
     log.warning("%s is an untrained base model: most of its outputs will fall back", ref)
     return resolve(str(ref)), PickerSpec.builtin(str(ref))

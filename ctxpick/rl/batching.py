@@ -50,14 +50,15 @@ def micro_batches(seqs: list[TrainSequence], size: int) -> list[MicroBatch]:
 
 
 def collate(mb: MicroBatch, device: Any) -> dict[str, Any]:
-    """One prompt and its right-padded responses, with the response mask (all zero for a
-    padding micro-batch), advantages and the sampler's log-probs, aligned with the responses."""
+    """One prompt and its right-padded responses: where their tokens are (``present``), the
+    loss mask (``mask``: ``present``, or all zero for a padding micro-batch, which runs the same
+    passes but learns nothing), advantages and the sampler's log-probs, aligned with them."""
     import torch
 
     group = mb.seqs
     width = max(len(s.ids) - s.prompt_len for s in group)
     ids = torch.zeros(len(group), width, dtype=torch.long)
-    mask = torch.zeros(len(group), width)
+    present = torch.zeros(len(group), width)
     sampler = torch.zeros(len(group), width)
     weight = torch.ones(len(group), width)
     for i, s in enumerate(group):
@@ -67,7 +68,7 @@ def collate(mb: MicroBatch, device: Any) -> dict[str, Any]:
             raise ValueError(f"sequence {i} of a micro-batch does not share its prompt")
         n = len(s.ids) - s.prompt_len
         ids[i, :n] = torch.tensor(s.ids[s.prompt_len :])
-        mask[i, :n] = 0.0 if mb.padding else 1.0
+        present[i, :n] = 1.0
         if s.sampler_logps is not None:
             sampler[i, :n] = torch.tensor(s.sampler_logps)
         if s.weights is not None:
@@ -76,7 +77,8 @@ def collate(mb: MicroBatch, device: Any) -> dict[str, Any]:
     return {
         "prompt": torch.tensor(group[0].ids[: group[0].prompt_len]).to(device),
         "ids": ids.to(device),
-        "mask": mask.to(device),
+        "present": present.to(device),
+        "mask": (present * (0.0 if mb.padding else 1.0)).to(device),
         "adv": torch.tensor([s.advantage for s in group]).to(device),
         "weight": weight.to(device),
         "sampler": sampler.to(device) if has_sampler else None,

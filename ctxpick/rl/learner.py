@@ -46,7 +46,13 @@ class LearnerConfig:
     warmup_steps: int = 0
     micro_batch_size: int = 4
     grad_clip: float = 1.0
-    logprob_chunk: int = 256  # positions per LM-head chunk in the log-prob pass
+    logprob_chunk: int = 256  # positions per row per LM-head call in the log-prob pass
+    # A micro-batch's responses in one unpadded row (block-diagonal attention over the shared
+    # prompt) instead of right-padded rows: the same log-probs, no compute on padding. Off by
+    # default: in bf16 it rounds unlike vLLM's per-sequence kernels, and the learner-sampler
+    # log-prob gap after a sync grew from 0.06 to 0.10 (tests/test_learner.py, ZeRO-3), each
+    # layout being as close to float32 as the other (0.05).
+    packing: bool = False
     lora_rank: int = 0  # > 0: train low-rank adapters only (rl.lora_sync: how rollouts get them)
     lora_alpha: float = 16.0
     lora_targets: list[str] = field(
@@ -119,7 +125,7 @@ class Learner:
         # No gradient checkpointing: it disables the KV cache the prompt-sharing forward
         # relies on (ctxpick/rl/logprobs.py), which saves more than it would.
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.bfloat16)
-        check_supported(model)
+        check_supported(model, self.cfg.packing)
         if self.cfg.lora_rank:
             from ctxpick.rl.lora import apply_lora
 
@@ -200,7 +206,13 @@ class Learner:
         from ctxpick.rl.logprobs import group_logprobs
 
         return group_logprobs(
-            model, batch["prompt"], batch["ids"], batch["mask"], self.cfg.logprob_chunk, temperature
+            model,
+            batch["prompt"],
+            batch["ids"],
+            batch["present"],
+            self.cfg.logprob_chunk,
+            temperature,
+            packed=self.cfg.packing,
         )
 
     def sft_step(self, plan: Plan, tokens: list[int]) -> dict[str, float]:

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def check_supported(model: Any) -> None:
+def check_supported(model: Any, packed: bool = False) -> None:
     module = getattr(model, "module", model)
     cfg = getattr(module, "config", None)
     kind = getattr(cfg, "model_type", type(module).__name__)
@@ -42,6 +42,17 @@ def check_supported(model: Any) -> None:
             f"shared-prompt log-prob pass (supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             f"{'; it scales its logits: ' + ', '.join(scaled) if scaled else ''})"
         )
+    # The packed pass hands attention its own 4D mask: the attention kernels that add a mask
+    # (sdpa, eager) take it as it is; flash attention's varlen path and sliding windows, which
+    # the model would otherwise build into its mask, would silently not see it.
+    impl = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    sliding = getattr(cfg, "use_sliding_window", kind == "mistral")
+    if packed and (impl not in ("sdpa", "eager") or (sliding and cfg.sliding_window)):
+        raise ValueError(
+            f"rl.learner.packing needs sdpa or eager attention without a sliding window; this "
+            f"model has {impl} attention, sliding window {cfg.sliding_window if sliding else None}:"
+            " set rl.learner.packing=false"
+        )
 
 
 def _chunk_logprobs(
@@ -52,39 +63,88 @@ def _chunk_logprobs(
     return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
+def _packed_tail(
+    body: Any, prompt_len: int, responses: torch.Tensor, present: torch.Tensor, cache: Any,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The responses packed into one row after the prompt's cache, with no padding: each
+    response attends to the prompt and to its own earlier tokens only (a block-diagonal causal
+    mask, additive, as sdpa and eager attention both apply it) at the positions it has
+    unpacked. Returns the packed hidden states [T, H] and, for each packed token, its
+    (response, offset) index into the padded layout."""
+    device, lengths = responses.device, present.sum(1).long()
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    starts = torch.cat([lengths.new_zeros(1), lengths[:-1]]).cumsum(0)
+    offsets = torch.arange(len(rows), device=device) - starts[rows]
+    seen = rows[:, None] == rows[None, :]
+    causal = offsets[None, :] <= offsets[:, None]
+    attend = torch.cat([seen.new_ones(len(rows), prompt_len), seen & causal], dim=1)
+    additive = torch.zeros(attend.shape, dtype=dtype, device=device)
+    additive.masked_fill_(~attend, torch.finfo(dtype).min)
+    tail = body(
+        input_ids=responses[rows, offsets][None],
+        position_ids=(prompt_len + offsets)[None],
+        attention_mask=additive[None, None],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return tail.last_hidden_state[0], torch.stack([rows, offsets])
+
+
 def group_logprobs(
     model: Any,
     prompt: torch.Tensor,
     responses: torch.Tensor,
-    mask: torch.Tensor,
+    present: torch.Tensor,
     chunk: int = 256,
     temperature: float = 1.0,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``prompt`` [P] and right-padded ``responses`` [G, L] with ``mask`` [G, L]:
-    ``logp[g, t] = log p_T(responses[g, t] | prompt, responses[g, :t])`` at ``temperature`` T
-    and that distribution's entropy (no gradient), both [G, L] float32."""
+    """``prompt`` [P] and right-padded ``responses`` [G, L], ``present`` [G, L] marking their
+    tokens (a prefix of ones in each row): ``logp[g, t] = log p_T(responses[g, t] | prompt,
+    responses[g, :t])`` at ``temperature`` T and that distribution's entropy (no gradient),
+    both [G, L] float32, 0 past each response. ``packed``: the responses run as one unpadded
+    row (:func:`_packed_tail`, checked by :func:`check_supported`) instead of G padded ones:
+    the same values, no compute on padding. ``chunk`` positions per row go through the LM
+    head at a time (packed: ``chunk`` x G tokens), so both layouts make the same number of
+    LM-head calls (ZeRO-3 gathers its weight on every rank for each: counts must agree)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
     module = getattr(model, "module", model)
     body = module.model
-    g = responses.shape[0]
+    g, p = responses.shape[0], prompt.shape[0]
     head = body(input_ids=prompt[None], use_cache=True)
     cache = head.past_key_values
-    cache.batch_repeat_interleave(g)
-    attn = torch.cat([mask.new_ones(g, prompt.shape[0]), mask], dim=1)
-    tail = body(input_ids=responses, attention_mask=attn, past_key_values=cache, use_cache=True)
-    # Position P-1 (the prompt's last token) predicts response token 0.
-    hidden = torch.cat(
-        [head.last_hidden_state[:, -1:].expand(g, 1, -1), tail.last_hidden_state[:, :-1]], dim=1
-    )
+    last = head.last_hidden_state[:, -1:]  # position P-1 predicts every response's token 0
+    if packed:
+        tail, (rows, offsets) = _packed_tail(body, p, responses, present, cache, last.dtype)
+        # Each packed token is predicted by the one before it in its response, the first
+        # by the prompt's last position.
+        before = torch.cat([last[0], tail[:-1]])
+        hidden = torch.where((offsets == 0)[:, None], last[0], before)[None]
+        targets, step = responses[rows, offsets][None], chunk * g
+    else:
+        cache.batch_repeat_interleave(g)
+        attn = torch.cat([present.new_ones(g, p), present], dim=1)
+        tail = body(
+            input_ids=responses, attention_mask=attn, past_key_values=cache, use_cache=True
+        ).last_hidden_state
+        hidden = torch.cat([last.expand(g, 1, -1), tail[:, :-1]], dim=1)
+        targets, step = responses, chunk
     lm_head = module.get_output_embeddings()
     logps, entropies = [], []
-    for s in range(0, hidden.shape[1], chunk):
-        h, t = hidden[:, s : s + chunk], responses[:, s : s + chunk]
+    for s in range(0, hidden.shape[1], step):
+        h, t = hidden[:, s : s + step], targets[:, s : s + step]
         if torch.is_grad_enabled():
             lp, ent = checkpoint(_chunk_logprobs, h, lm_head, t, temperature, use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs(h, lm_head, t, temperature)
         logps.append(lp)
         entropies.append(ent.detach())
-    return torch.cat(logps, dim=1), torch.cat(entropies, dim=1)
+    logp, entropy = torch.cat(logps, dim=1), torch.cat(entropies, dim=1)
+    if not packed:
+        return logp * present, entropy * present
+    # Back into the padded layout the losses read (zeros past each response).
+    out = logp.new_zeros(responses.shape).index_put((rows, offsets), logp[0])
+    ent = entropy.new_zeros(responses.shape).index_put((rows, offsets), entropy[0])
+    return out, ent

@@ -24,6 +24,7 @@ LEARNER_RESOURCES = {
     "zero_stage",
     "micro_batch_size",
     "logprob_chunk",
+    "packing",
 }
 
 
@@ -45,6 +46,7 @@ def stage_settings(cfg: Config) -> dict[str, Any]:
                 if rl.dynamic_sampling
                 else {}
             ),
+            **({"async_level": rl.async_level} if rl.async_level else {}),
         },
         "seed": cfg.seed,
     }

