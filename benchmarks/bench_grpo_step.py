@@ -123,9 +123,10 @@ def main() -> None:
         with torch.device("meta"):
             params = AutoModelForCausalLM.from_config(
                 AutoConfig.from_pretrained(resolve(args.model))
-            ).num_parameters()
+            ).num_parameters(exclude_embeddings=True)
         # LoRA: forward 2N and the activations' backward 2N FLOPs a token (frozen weights get
-        # no gradient); the tied LM head is counted once, as the matmul it is.
+        # no gradient). N: the matmul weights -- the LM head counts, the embedding lookup
+        # does not (a tied head shares its tensor, not its FLOPs).
         per_token = (4 if cfg.rl.learner.lora_rank else 6) * params
         threads = int(cfg.rl.learner.num_cpus_per_actor)
         peak = bf16_peak(threads)

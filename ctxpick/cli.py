@@ -154,7 +154,10 @@ def _models(argv: list[str]) -> None:
     if args.action == "ship":
         if len(args.names) != 1 or not args.name:
             sys.exit("usage: ctxpick models ship FINAL_FOLDER --name NAME [--base ALIAS]")
-        picker = ship(args.names[0], args.name, args.base, args.summary)
+        try:
+            picker = ship(args.names[0], args.name, args.base, args.summary)
+        except (OSError, ValueError) as err:  # a folder that is not a LoRA stage's final/
+            sys.exit(f"ctxpick models ship: {err}")
         print(f"pin it in ctxpick/picker/shipped.py SHIPPED:\n{pin_entry(picker)}")
         return
     if args.action == "prepare":

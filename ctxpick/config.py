@@ -429,6 +429,14 @@ def _cross_checks(cfg: Config) -> None:
             f"invalid config: rl.prompts_per_step = {rl.prompts_per_step} prompt groups per "
             f"step do not split over rl.learner.num_actors = {rl.learner.num_actors}"
         )
+    if rl.learner.zero_stage == 3 and rl.learner.logprob_chunk < cfg.picker.max_tokens:
+        # ZeRO-3 gathers the LM head on every rank for each chunk of a micro-batch's positions:
+        # ranks whose responses needed more chunks than others would wait in the gather forever.
+        raise ConfigError(
+            f"invalid config: rl.learner.zero_stage=3 needs rl.learner.logprob_chunk "
+            f"({rl.learner.logprob_chunk}) >= picker.max_tokens ({cfg.picker.max_tokens}), so "
+            "every rank makes one LM-head call per micro-batch"
+        )
     if rl.learner.grpo.mini_batches > rl.prompts_per_step:
         raise ConfigError(
             f"invalid config: rl.learner.grpo.mini_batches = {rl.learner.grpo.mini_batches} "

@@ -41,11 +41,13 @@ def test_demo_config_composes():
         ("rl.async_level=2", "rl.async_level must be 0 or 1"),
         # samples one version old need the sampler's log-probs to correct them
         ("rl.async_level=1", "set rl.learner.grpo.tis_cap"),
+        # ZeRO-3 ranks gather the LM head once per chunk: one chunk each, or they would wait
+        ("rl.learner.zero_stage=3,picker.max_tokens=300", "needs rl.learner.logprob_chunk"),
     ],
 )
 def test_bad_config_fails_at_start(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        compose([override])
+        compose(override.split(","))
 
 
 @pytest.mark.parametrize(

@@ -154,3 +154,5 @@ def test_models_list_names_the_shipped_pickers(chain, registry, capsys):
     assert "tiny" in out and "picker on smollm2-135m: two stages, for the test" in out
     with pytest.raises(SystemExit, match="unknown model 'nope'"):
         main(["models", "prepare", "nope"])
+    with pytest.raises(SystemExit, match="models ship: .*picker.json is missing"):
+        main(["models", "ship", str(chain[0]), "--name", "tiny", "--base", BASE])

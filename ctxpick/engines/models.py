@@ -188,12 +188,23 @@ def resolve(ref: str) -> str:
 
 def check_plain_lora(config: dict[str, Any], where: object) -> None:
     """Refuse PEFT options that change a LoRA delta from ``alpha / r * B A`` (what the merges
-    here compute): rsLoRA's scale, per-module ranks or alphas, DoRA."""
+    here compute): rsLoRA's scale, per-module ranks or alphas, DoRA, trained biases or whole
+    modules, transposed weights."""
     odd = {
         k: config[k]
-        for k in ("use_rslora", "rank_pattern", "alpha_pattern", "use_dora")
+        for k in (
+            "use_rslora",
+            "rank_pattern",
+            "alpha_pattern",
+            "use_dora",
+            "modules_to_save",
+            "lora_bias",
+            "fan_in_fan_out",
+        )
         if config.get(k)
     }
+    if config.get("bias", "none") != "none":
+        odd["bias"] = config["bias"]
     if odd:
         raise ValueError(f"{where}: LoRA options {odd} are not supported (plain alpha / r only)")
 
@@ -208,8 +219,8 @@ def merged_weights(folder: str, adapter: LoraAdapter) -> Iterator[tuple[str, Any
     check_plain_lora(config, "the adapter")
     scale = config["lora_alpha"] / config["r"]
     tensors = load(adapter.weights)
-    if embedded := [n for n in tensors if ".lora_embedding_" in n]:
-        raise ValueError(f"the adapter trains embeddings ({embedded[0]}): not supported here")
+    if other := [n for n in tensors if not n.endswith((".lora_A.weight", ".lora_B.weight"))]:
+        raise ValueError(f"the adapter holds tensors a LoRA merge cannot apply: {other[:3]}")
     pairs = {
         name.removeprefix("base_model.model.").removesuffix(".lora_A.weight") + ".weight": (
             a,

@@ -28,7 +28,7 @@ from ctxpick.judge.judges import JudgeItem, make_judge
 from ctxpick.judge.rules import exact_match, token_f1
 from ctxpick.picker.inference import Picker
 from ctxpick.picker.selection import apply_budget, passage_tokens, token_counter
-from ctxpick.picker.shipped import SHIPPED, picker_folder
+from ctxpick.picker.shipped import SHIPPED, check_shipped, picker_folder
 from ctxpick.picker.spec import PickerSpec
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
@@ -264,6 +264,7 @@ def run_eval(cfg: Config) -> EvalRun:
     # is checked before it is merged into its base (a GB written for nothing otherwise).
     for ref in cfg.eval.pickers.values():
         if ref in SHIPPED:
+            check_shipped(SHIPPED[ref])  # its files first: a changed one is no pool mismatch
             check_pool(str(SHIPPED[ref].folder), inference_pool(cfg))
     pickers = {name: picker_folder(ref) for name, ref in cfg.eval.pickers.items()}
     cfg = replace(cfg, eval=replace(cfg.eval, pickers=pickers))

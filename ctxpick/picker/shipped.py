@@ -92,10 +92,13 @@ def check_shipped(picker: ShippedPicker, folder: Path | None = None) -> None:
             )
 
 
+MERGE_VERSION = 1  # bumped when the merge itself changes: older merges are not reused
+
+
 def prepared_picker_path(picker: ShippedPicker) -> Path:
-    # Every pinned file and the base's pins name the folder: a release that changes any of
-    # them (the prompt in picker.json too) never reuses an older merge.
-    pins = "".join(picker.sha256) + "".join(BUILTINS[picker.base].sha256)
+    # Every pinned file, the base's pins and the merge's version name the folder: a release
+    # that changes any of them (the prompt in picker.json too) never reuses an older merge.
+    pins = "".join(picker.sha256) + "".join(BUILTINS[picker.base].sha256) + str(MERGE_VERSION)
     return cache_dir() / f"{picker.name}-{hashlib.sha256(pins.encode()).hexdigest()[:12]}"
 
 
@@ -135,8 +138,8 @@ def _merge(picker: ShippedPicker, out: Path) -> Path:
             shutil.copy(base / rel, tmp / rel)
     for rel in ("picker.json", CARD):
         shutil.copy(picker.folder / rel, tmp / rel)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)  # atomic: a reader never sees a half-merged folder
+    shutil.rmtree(out, ignore_errors=True)  # only with force: readers of it may fail
+    tmp.rename(out)  # a reader never sees a half-merged folder
     return out
 
 
@@ -177,13 +180,18 @@ def joined_adapter(chain: list[Path], base: Path) -> LoraAdapter:
     import torch
     from safetensors.torch import load, save
 
-    parts, rank = [], 0
+    parts, rank, dtype = [], 0, torch.float32
     for folder in chain:
         adapter = _read_adapter(folder)
         config = json.loads(adapter.config)
         check_plain_lora(config, folder)
-        parts.append((rank, config["lora_alpha"] / config["r"], load(adapter.weights)))
+        tensors = load(adapter.weights)
+        if other := [n for n in tensors if not n.endswith((".lora_A.weight", ".lora_B.weight"))]:
+            raise ValueError(f"{folder}: tensors a LoRA merge cannot apply: {other[:3]}")
+        parts.append((rank, config["lora_alpha"] / config["r"], tensors))
         rank += config["r"]
+        dtype = next(iter(tensors.values())).dtype
+    # Joined in float32 (each scale folded in once), stored in the adapters' dtype.
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for start, scale, tensors in parts:
         for name, a in tensors.items():
@@ -191,19 +199,24 @@ def joined_adapter(chain: list[Path], base: Path) -> LoraAdapter:
                 continue
             b = tensors[name.replace(".lora_A.", ".lora_B.")]
             if name not in pairs:
-                pairs[name] = (a.new_zeros(rank, a.shape[1]), b.new_zeros(b.shape[0], rank))
+                pairs[name] = (torch.zeros(rank, a.shape[1]), torch.zeros(b.shape[0], rank))
             big_a, big_b = pairs[name]
-            big_a[start : start + a.shape[0]] = a
-            big_b[:, start : start + a.shape[0]] = (b.float() * scale).to(b.dtype)
+            big_a[start : start + a.shape[0]] = a.float()
+            big_b[:, start : start + a.shape[0]] = b.float() * scale
     state = {}
     for name, (a, b) in pairs.items():
-        state[name], state[name.replace(".lora_A.", ".lora_B.")] = a, b
-    first = json.loads(_read_adapter(chain[0]).config)
-    targets = sorted({n.split(".")[-3] for n in pairs})
-    config = first | {
+        state[name] = a.to(dtype)
+        state[name.replace(".lora_A.", ".lora_B.")] = b.to(dtype)
+    # A config of its own: the first adapter's layer filters or biases would misdescribe
+    # the others' tensors to any PEFT or vLLM loader.
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
         "r": rank,
         "lora_alpha": rank,
-        "target_modules": targets,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": sorted({n.split(".")[-3] for n in pairs}),
         "base_model_name_or_path": str(base),
     }
     return LoraAdapter(json.dumps(config, indent=2, sort_keys=True), save(state))
@@ -232,7 +245,6 @@ def ship(final: str | Path, name: str, base: str, summary: str = "") -> ShippedP
 def pin_entry(picker: ShippedPicker) -> str:
     """``picker`` as the line of :data:`SHIPPED` that pins it."""
     digests = "".join(f'\n        "{d}",' for d in picker.sha256)
-    return (
-        f'"{picker.name}": ShippedPicker(\n    "{picker.name}",\n    "{picker.base}",\n'
-        f'    "{picker.summary}",\n    ({digests}\n    ),\n),'
-    )
+    name, base, summary = (json.dumps(x) for x in (picker.name, picker.base, picker.summary))
+    lines = [f"{name}: ShippedPicker(", f"    {name},", f"    {base},", f"    {summary},"]
+    return "\n".join([*lines, f"    ({digests}", "    ),", "),"])

@@ -121,7 +121,8 @@ class Learner:
             MASTER_PORT=str(master_port),
         )
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
-        self.model_path = init_from or resolve(self.cfg.model)
+        # Absolute: an adapter records it as the model it was trained on (ctxpick models ship).
+        self.model_path = os.path.abspath(init_from) if init_from else resolve(self.cfg.model)
         # No gradient checkpointing: it disables the KV cache the prompt-sharing forward
         # relies on (ctxpick/rl/logprobs.py), which saves more than it would.
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.bfloat16)

@@ -106,8 +106,9 @@ def group_logprobs(
     both [G, L] float32, 0 past each response. ``packed``: the responses run as one unpadded
     row (:func:`_packed_tail`, checked by :func:`check_supported`) instead of G padded ones:
     the same values, no compute on padding. ``chunk`` positions per row go through the LM
-    head at a time (packed: ``chunk`` x G tokens), so both layouts make the same number of
-    LM-head calls (ZeRO-3 gathers its weight on every rank for each: counts must agree)."""
+    head at a time (packed: ``chunk`` x G tokens): one call while responses fit in ``chunk``,
+    which ZeRO-3 needs (it gathers the head's weight on every rank for each call, and the
+    counts must agree across ranks; config and the warm start check it)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
     module = getattr(model, "module", model)
