@@ -52,11 +52,14 @@ def chain(tmp_path_factory):
 
 @pytest.fixture
 def registry(tmp_path, monkeypatch):
-    """An empty package folder, registry and merge cache for this test."""
+    """A package folder and merge cache of this test's own; what it pins in the registry (the
+    same dict every module imported) is unpinned after it."""
     monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path / "package")
-    monkeypatch.setattr(shipped, "SHIPPED", {})
     monkeypatch.setattr(shipped, "cache_dir", lambda: tmp_path / "cache")
-    return tmp_path
+    pinned = dict(shipped.SHIPPED)
+    yield tmp_path
+    shipped.SHIPPED.clear()
+    shipped.SHIPPED.update(pinned)
 
 
 def _ship(root, name="tiny"):
