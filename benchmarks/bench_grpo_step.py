@@ -66,7 +66,7 @@ def bf16_peak(threads: int) -> float:
     return 2 * 2048**3 * n / (time.time() - t0)
 
 
-def measure(label: str, overrides: list[str], steps: int, flops_per_token: float) -> dict:
+def measure(label: str, overrides: list[str], flops_per_token: float) -> dict:
     from ctxpick.config import compose
     from ctxpick.rl.trainer import train
 
@@ -121,20 +121,19 @@ def main() -> None:
         ]
         cfg = compose([*base, f"output_dir={tmp}/probe"])
         with torch.device("meta"):
-            params = AutoModelForCausalLM.from_config(
+            model = AutoModelForCausalLM.from_config(
                 AutoConfig.from_pretrained(resolve(args.model))
-            ).num_parameters(exclude_embeddings=True)
+            )
         # LoRA: forward 2N and the activations' backward 2N FLOPs a token (frozen weights get
-        # no gradient). N: the matmul weights -- the LM head counts, the embedding lookup
-        # does not (a tied head shares its tensor, not its FLOPs).
+        # no gradient). N: the weights of the linear layers -- the LM head counts (tied to the
+        # embedding or not), the embedding lookup does not.
+        params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
         per_token = (4 if cfg.rl.learner.lora_rank else 6) * params
         threads = int(cfg.rl.learner.num_cpus_per_actor)
         peak = bf16_peak(threads)
         init_ray(None, cfg.ray.num_cpus)
         results = {
-            mode: measure(
-                mode, [*base, *MODES[mode], f"output_dir={tmp}/{mode}"], args.steps, per_token
-            )
+            mode: measure(mode, [*base, *MODES[mode], f"output_dir={tmp}/{mode}"], per_token)
             for mode in args.modes
         }
     for r in results.values():

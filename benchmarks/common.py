@@ -17,7 +17,7 @@ def data_file(shared_rel: str, sample_name: str) -> Path:
 
 def mined_file(
     out: Path,
-    n: int,
+    n: int | None,
     *,
     source: Path | None = None,
     query: str = "question",
@@ -39,7 +39,7 @@ def mined_file(
     chunked = Chunker(ChunkingConfig(method="window", window_words=60)).chunk_all(exs)
     pools = [PoolBuilder(PoolConfig(k=8, query=query)).build(c) for c in chunked]
     records = [r for r in human_gold_records(pools, ["train"] * len(pools)) if r["kept"]]
-    for r in records[len(records) - val :]:
+    for r in records[max(len(records) - val, 0) :]:
         r["split"] = "val"
     path = out / "mine" / "mined.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

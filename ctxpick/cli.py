@@ -166,8 +166,9 @@ def _models(argv: list[str]) -> None:
                 sys.exit(
                     f"unknown model {name!r}: built-in {list(BUILTINS)}, shipped {list(SHIPPED)}"
                 )
-            done = prepare_shipped(name, force=args.force) if name in SHIPPED else None
-            print(f"{name}: {done or prepare(name, force=args.force)}", flush=True)
+            shipped = name in SHIPPED
+            path = (prepare_shipped if shipped else prepare)(name, force=args.force)
+            print(f"{name}: {path}", flush=True)
     else:
         for alias, model in BUILTINS.items():
             path = prepared_path(alias)

@@ -93,7 +93,8 @@ def run_demo(cfg: Config, overrides: list[str]) -> Path | None:
 
 def eval_config(cfg: Config, overrides: list[str], out: Path, pickers: dict[str, str]) -> Config:
     """The main job's evaluation of the ``pickers`` it trained (label -> folder), beside any
-    ``eval.pickers`` configured (the shipped one, in the demo), on ``demo.eval_sources``."""
+    ``eval.pickers`` the command configures (e.g. a shipped picker), on
+    ``demo.eval_sources``; a trained stage's label wins over a configured one."""
     eval_cfg = compose([*overrides, *cfg.demo.eval, f"output_dir={out}"])
     return replace(
         eval_cfg,

@@ -119,3 +119,13 @@ def test_each_stage_names_its_reading_of_eq8():
         compose(["stage.eq8=other"])
     with pytest.raises(ConfigError, match="rewards.eq8"):
         compose(["rewards.eq8=printed"])
+
+
+def test_the_crossenc_recipe_trains_on_the_crossenc_retrieval_groups_pool():
+    """The recipe meant to give the first shipped picker ranks its pool exactly as
+    `retrieval=crossenc` (the pool a shipped picker is evaluated and served on) does."""
+    from ctxpick.config import inference_pool, picker_spec
+
+    spec = picker_spec(compose(["experiment=cpu_quality", "ablation=qwen_lora_crossenc"]))
+    assert spec.pool["retriever"] == "crossenc"
+    assert not spec.pool_mismatch(inference_pool(compose(["retrieval=crossenc"])))

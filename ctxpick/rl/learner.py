@@ -13,6 +13,7 @@ from typing import Any
 import ray
 
 from ctxpick.engines.base import LoraAdapter
+from ctxpick.engines.models import TOKENIZER_FILES
 from ctxpick.engines.ray_pool import Placement, actor_bundles, in_bundle, reserve
 from ctxpick.rl.batching import (
     MicroBatch,
@@ -23,16 +24,6 @@ from ctxpick.rl.batching import (
     plan_updates,
 )
 from ctxpick.rl.grpo import GRPOConfig
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "generation_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-)
 
 
 @dataclass
@@ -49,9 +40,9 @@ class LearnerConfig:
     logprob_chunk: int = 256  # positions per row per LM-head call in the log-prob pass
     # A micro-batch's responses in one unpadded row (block-diagonal attention over the shared
     # prompt) instead of right-padded rows: the same log-probs, no compute on padding. Off by
-    # default: in bf16 it rounds unlike vLLM's per-sequence kernels, and the learner-sampler
-    # log-prob gap after a sync grew from 0.06 to 0.10 (tests/test_learner.py, ZeRO-3), each
-    # layout being as close to float32 as the other (0.05).
+    # default: in bf16 it rounds unlike vLLM's per-sequence kernels: the learner-sampler
+    # log-prob gap after a sync was 0.10 packed against 0.06 padded (tests/test_learner.py's
+    # ZeRO-3 case run once with packing on), each layout as close to float32 as the other.
     packing: bool = False
     lora_rank: int = 0  # > 0: train low-rank adapters only (rl.lora_sync: how rollouts get them)
     lora_alpha: float = 16.0
@@ -121,8 +112,7 @@ class Learner:
             MASTER_PORT=str(master_port),
         )
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
-        # Absolute: an adapter records it as the model it was trained on (ctxpick models ship).
-        self.model_path = os.path.abspath(init_from) if init_from else resolve(self.cfg.model)
+        self.model_path = init_from or resolve(self.cfg.model)
         # No gradient checkpointing: it disables the KV cache the prompt-sharing forward
         # relies on (ctxpick/rl/logprobs.py), which saves more than it would.
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.bfloat16)
@@ -419,6 +409,14 @@ class LearnerGroup:
         """``sft_step`` or ``grpo_step`` (``*args``: its temperature) on the global batch;
         statistics are summed over ranks and updates and turned into token means (loss,
         entropy, kl, clip fraction)."""
+        longest = max(len(s.ids) - s.prompt_len for s in seqs)
+        if self.cfg.zero_stage == 3 and longest > self.cfg.logprob_chunk:
+            # ZeRO-3 gathers the LM head on every rank for each chunk of a micro-batch
+            # (ctxpick/rl/logprobs.py): ranks needing more chunks than others would wait forever.
+            raise ValueError(
+                f"a response of {longest} tokens exceeds rl.learner.logprob_chunk="
+                f"{self.cfg.logprob_chunk} under ZeRO-3: raise logprob_chunk"
+            )
         grpo = self.cfg.grpo
         minis = grpo.mini_batches if method == "grpo_step" else 1
         plans, tokens = plan_updates(seqs, self.cfg.micro_batch_size, len(self.actors), minis)

@@ -108,7 +108,7 @@ def group_logprobs(
     the same values, no compute on padding. ``chunk`` positions per row go through the LM
     head at a time (packed: ``chunk`` x G tokens): one call while responses fit in ``chunk``,
     which ZeRO-3 needs (it gathers the head's weight on every rank for each call, and the
-    counts must agree across ranks; config and the warm start check it)."""
+    counts must agree across ranks; LearnerGroup.step checks it)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
     module = getattr(model, "module", model)

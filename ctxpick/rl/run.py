@@ -21,8 +21,11 @@ class Run:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg, stage, rl = cfg, cfg.stage, cfg.rl
-        model = stage.init_from or cfg.picker.model
-        if stage.init_from and not (Path(stage.init_from) / "config.json").exists():
+        # Absolute here, on the driver: actors start in other folders, and a LoRA adapter
+        # records it as the model it was trained on (ctxpick models ship follows it).
+        init_from = str(Path(stage.init_from).resolve()) if stage.init_from else None
+        model = init_from or cfg.picker.model
+        if init_from and not (Path(init_from) / "config.json").exists():
             raise ConfigError(f"stage.init_from={stage.init_from} is not a model folder")
         # One placement group for the rollout workers and the learners, reserved at once:
         # stages sharing a cluster (a sweep's points) queue whole instead of each holding
@@ -48,7 +51,7 @@ class Run:
             max_lora_rank=rl.learner.lora_rank if self.serves_lora else 0,
         )
         self.learners = LearnerGroup(
-            rl.learner, stage.lr, stage.init_from, placement=(self.pg, learners_at)
+            rl.learner, stage.lr, init_from, placement=(self.pg, learners_at)
         )
         self.engines.ready()
         if self.transfer in ("nccl", "ipc"):

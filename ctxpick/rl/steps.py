@@ -161,14 +161,6 @@ def sft_step(run: Run, batch: list[PickerExample]) -> dict[str, float]:
         text = render_pick(warm_start_pick(ex), spec.output_format)
         target, weights = weighted_target(run.tokenizer, text, run.cfg.stage.id_weight)
         seqs.append(TrainSequence(prompt + target + [eos], len(prompt), weights=[*weights, 1.0]))
-    learner = run.cfg.rl.learner
-    if learner.zero_stage == 3 and (n := max(len(t.ids) - t.prompt_len for t in seqs)) > (
-        learner.logprob_chunk
-    ):
-        raise ValueError(  # see group_logprobs: ranks would wait on each other's LM-head gathers
-            f"a warm-start target of {n} tokens exceeds rl.learner.logprob_chunk="
-            f"{learner.logprob_chunk} under ZeRO-3: raise logprob_chunk"
-        )
     t0 = time.time()
     return run.learners.step("sft_step", seqs) | {"time/learn": time.time() - t0}
 
