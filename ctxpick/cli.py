@@ -25,7 +25,7 @@ utilities:
   data stats PATH [--format NAME] [--strict]   counts for a dataset file
   models prepare [NAME ...]                    prepare built-in models / shipped pickers (once)
   models list                                  built-in models and shipped pickers
-  models ship FINAL --name NAME                copy a trained LoRA picker into the package
+  models ship FINAL --name NAME [--max-rank R] copy a trained LoRA picker into the package
   openapi [--write]                            the service's OpenAPI schema (docs/openapi.json)
 """
 
@@ -131,6 +131,7 @@ def _openapi(argv: list[str]) -> None:
 def _models(argv: list[str]) -> None:
     from ctxpick.engines.models import BUILTINS, prepare, prepared_path
     from ctxpick.picker.shipped import (
+        ADAPTER_FILES,
         SHIPPED,
         pin_entry,
         prepare_shipped,
@@ -143,25 +144,33 @@ def _models(argv: list[str]) -> None:
     parser.add_argument(
         "names",
         nargs="*",
-        help=f"prepare: built-in models or shipped pickers (default: {', '.join(BUILTINS)}); "
+        help="prepare: built-in models or shipped pickers (default: all of them); "
         "ship: a trained LoRA stage's final/ folder",
     )
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--name", help="ship: the shipped picker's name")
     parser.add_argument("--base", default="qwen2.5-coder-0.5b", help="ship: its base model")
     parser.add_argument("--summary", default="", help="ship: one line for `models list`")
+    parser.add_argument(
+        "--max-rank",
+        type=int,
+        help="ship: cut the joined adapter to this rank (truncated SVD) to bound its size",
+    )
     args = parser.parse_args(argv)
     if args.action == "ship":
         if len(args.names) != 1 or not args.name:
             sys.exit("usage: ctxpick models ship FINAL_FOLDER --name NAME [--base ALIAS]")
         try:
-            picker = ship(args.names[0], args.name, args.base, args.summary)
+            picker, err = ship(args.names[0], args.name, args.base, args.summary, args.max_rank)
         except (OSError, ValueError) as err:  # a folder that is not a LoRA stage's final/
             sys.exit(f"ctxpick models ship: {err}")
+        size = (picker.folder / ADAPTER_FILES[1]).stat().st_size / 2**20
+        cut = f", rank cut to {args.max_rank}: largest relative error {err:.2e}" if err else ""
+        print(f"{picker.folder}: adapter {size:.1f} MiB{cut}")
         print(f"pin it in ctxpick/picker/shipped.py SHIPPED:\n{pin_entry(picker)}")
         return
     if args.action == "prepare":
-        for name in args.names or list(BUILTINS):
+        for name in args.names or [*BUILTINS, *SHIPPED]:
             if name not in BUILTINS and name not in SHIPPED:
                 sys.exit(
                     f"unknown model {name!r}: built-in {list(BUILTINS)}, shipped {list(SHIPPED)}"

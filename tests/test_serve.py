@@ -41,6 +41,7 @@ def service(ray_cluster, tmp_path_factory, monkeypatch_module):
     audit = tmp_path_factory.mktemp("serve") / "audit.jsonl"
     cfg = compose(
         [
+            "serve.picker=smollm2-135m",  # the service's mechanics on the smallest built-in
             f"serve.port={_free_port()}",
             "serve.num_replicas=2",
             "serve.max_batch_size=8",

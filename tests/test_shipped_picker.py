@@ -66,7 +66,8 @@ def _ship(root, name="tiny"):
     card = shipped.SHIPPED_DIR / name / shipped.CARD
     card.parent.mkdir(parents=True, exist_ok=True)
     card.write_text("# tiny\n")
-    picker = shipped.ship(root / "s2", name, BASE, "two stages, for the test")
+    picker, err = shipped.ship(root / "s2", name, BASE, "two stages, for the test")
+    assert err == 0.0  # no rank cut asked: exact
     shipped.SHIPPED[name] = picker
     return picker
 
@@ -162,3 +163,109 @@ def test_models_list_names_the_shipped_pickers(chain, registry, capsys):
         main(["models", "prepare", "nope"])
     with pytest.raises(SystemExit, match="models ship: .*picker.json is missing"):
         main(["models", "ship", str(chain[0]), "--name", "tiny", "--base", BASE])
+
+
+def test_a_rank_cut_is_the_best_approximation_of_the_joined_delta():
+    """``ctxpick models ship --max-rank``: each weight's delta becomes its best approximation
+    of that rank (Eckart-Young), and the error reported is the one made."""
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 30), torch.randn(20, 8)
+    full = b @ a
+    (a8, b8), err = shipped._truncated(a, b, 8)
+    torch.testing.assert_close(b8 @ a8, full, rtol=1e-4, atol=1e-4)
+    assert err < 1e-6
+    (a3, b3), err = shipped._truncated(a, b, 3)
+    assert a3.shape == (3, 30) and b3.shape == (20, 3)
+    sv = torch.linalg.svdvals(full)
+    best = float(sv[3:].square().sum().sqrt() / sv.square().sum().sqrt())
+    assert err == pytest.approx(best, rel=1e-4)
+    assert float((full - b3 @ a3).norm() / full.norm()) == pytest.approx(best, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_ctxpick_serve_answers_with_the_shipped_picker_by_default_and_it_reads(ray_cluster):
+    """`ctxpick serve` with no serve.picker serves the shipped picker. Given bundled sample
+    questions ranked into the pool its picker.json names (conf/retrieval/crossenc.yaml), it
+    answers in its format and reads them: several distinct sets, not only the ranker's prefix."""
+    import socket
+
+    import httpx
+    from ray import serve
+
+    from ctxpick.config import SAMPLES_DIR
+    from ctxpick.data.loaders import load_examples
+    from ctxpick.picker.spec import pool_settings
+    from ctxpick.retrieval.chunking import Chunker
+    from ctxpick.retrieval.pools import PoolBuilder
+    from ctxpick.serve.app import start
+    from ctxpick.serve.client import PickerClient
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = compose(["retrieval=crossenc", f"serve.port={port}", "serve.audit.path="])
+    assert cfg.serve.picker == shipped.DEFAULT_PICKER in shipped.SHIPPED
+    spec = load_spec(cfg.serve.picker)[1]
+    assert not spec.pool_mismatch(pool_settings(cfg.retrieval.pool, cfg.retrieval.chunking))
+    examples = [
+        ex
+        for name, fmt in [
+            ("hotpotqa_distractor_30.jsonl", "hotpotqa"),
+            ("2wikimultihopqa_30.jsonl", "2wikimultihopqa"),
+            ("musique_30.jsonl", "musique"),
+        ]
+        for ex in load_examples(SAMPLES_DIR / name, fmt).examples[:4]
+    ]
+    builder = PoolBuilder(cfg.retrieval.pool)
+    pools = [builder.build(c) for c in Chunker(cfg.retrieval.chunking).chunk_all(examples)]
+    url = start(cfg.serve, blocking=False)
+    try:
+        card = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]
+        client = PickerClient(url)
+        picks = [
+            client.pick(
+                p.question, [{"id": x.pid, "title": x.title, "text": x.text} for x in p.passages]
+            )
+            for p in pools
+        ]
+        kept = _framework_picks(client, pools[0].question, [x.text for x in pools[0].passages])
+        client.close()
+    finally:
+        serve.shutdown()
+    assert card["id"] == shipped.DEFAULT_PICKER and card["expected_pool"] == spec.pool
+    # The LangChain, LlamaIndex and Haystack components keep what the service picks.
+    assert kept["langchain"] == kept["llama_index"] == kept["haystack"] == kept["client"]
+    sets = [tuple(s.indices) for s in picks]
+    print(f"shipped picker on {len(pools)} sample questions: {sets}")
+    assert sum(s.valid for s in picks) >= len(picks) - 1, [s.output for s in picks]
+    assert len(set(sets)) >= 4  # not one constant set
+    prefixes = [s == tuple(range(len(s))) for s in sets]
+    assert sum(prefixes) <= len(sets) - 3  # not only the ranker's top-|S|
+
+
+def _framework_picks(client, question, texts):
+    """The positions each framework component keeps of ``texts``, through ``client``."""
+    from haystack import Document as HSDocument
+    from langchain_core.documents import Document as LCDocument
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from ctxpick.serve.integrations.haystack import CtxPickRanker
+    from ctxpick.serve.integrations.langchain import CtxPickCompressor
+    from ctxpick.serve.integrations.llama_index import CtxPickPostprocessor
+
+    lc = CtxPickCompressor(picker=client).compress_documents(
+        [LCDocument(page_content=t, metadata={"n": i}) for i, t in enumerate(texts)], question
+    )
+    li = CtxPickPostprocessor(picker=client).postprocess_nodes(
+        [NodeWithScore(node=TextNode(text=t, id_=str(i))) for i, t in enumerate(texts)],
+        query_str=question,
+    )
+    hs = CtxPickRanker(picker=client).run(
+        query=question, documents=[HSDocument(content=t, id=str(i)) for i, t in enumerate(texts)]
+    )["documents"]
+    return {
+        "client": client.pick(question, texts).indices,
+        "langchain": [d.metadata["n"] for d in lc],
+        "llama_index": [int(n.node.node_id) for n in li],
+        "haystack": [int(d.id) for d in hs],
+    }

@@ -91,10 +91,12 @@ def _steps(folder):
     }
 
 
-def test_resume_continues_with_the_same_batches_and_weights(run, root):
+def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys):
     """Reference: 3 uninterrupted steps, checkpoint every step. Then resume from step 1
     (mid-epoch: 4 prompts, 2 per step) and from step 2 (epoch boundary) on other actors:
-    same step, same next batches, same rewards, same final weights."""
+    same step, same next batches, same rewards, same final weights. The resume from step 1
+    also loses a learner after its step-2 checkpoint: the stage restarts its actors from
+    that checkpoint and still ends with the reference's weights."""
     # First in the module, so the shared actors are still freshly initialised.
     ref_cfg = tiny(
         root,
@@ -111,17 +113,24 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
     for resume_at in (1, 2):
         folder = root / f"resumed{resume_at}"
         _resume_copy(ref.parent, folder, resume_at)
-        final = train(
-            tiny(
-                root,
-                f"resumed{resume_at}",
-                "stage.max_steps=3",
-                "rl.val_every=100",
-                "wandb.mode=offline",
-            ),
-            run=run,
+        cfg = tiny(
+            root,
+            f"resumed{resume_at}",
+            "stage.max_steps=3",
+            "rl.save_every=1",
+            "rl.val_every=100",
+            "rl.max_restarts=1",
+            "wandb.mode=offline",
         )
+        if resume_at == 1:
+            victim = Run(cfg)  # train() replaces it after the kill
+            _kill_after_checkpoint(victim.learners.actors[0], folder, 2)
+            final = train(cfg, run=victim)
+            assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
+        else:
+            final = train(cfg, run=run)
         steps = _steps(folder)
+        assert sorted(steps) == [1, 2, 3]  # the torn line dropped, no step logged twice
         for s in range(resume_at + 1, 4):
             assert steps[s]["batch"] == ref_steps[s]["batch"]
             assert steps[s]["reward"] == ref_steps[s]["reward"]
@@ -149,6 +158,24 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root):
     assert chat[0]["content"] == ref_cfg.picker.instruction
 
 
+def _kill_after_checkpoint(actor, folder, step):
+    """Kill ``actor`` once ``folder``'s step-``step`` checkpoint is complete: during the next
+    step."""
+    import threading
+    import time
+
+    import ray
+
+    latest = folder / "checkpoints" / "latest"
+
+    def kill():
+        while not (latest.exists() and latest.read_text() == f"step{step}"):
+            time.sleep(0.1)
+        ray.kill(actor)
+
+    threading.Thread(target=kill, daemon=True).start()
+
+
 ASYNC = ("rl.async_level=1", "rl.learner.grpo.tis_cap=2.0")
 
 
@@ -163,67 +190,34 @@ def _resume_copy(ref, folder, step):
         fh.write('{"step": 4, "reward": 0.')
 
 
-def test_async_rollouts_are_one_version_old_and_a_resume_trains_on_the_same(ray_cluster, root):
+def test_async_rollouts_are_one_version_old_and_a_resume_trains_on_the_same(
+    ray_cluster, root, capsys
+):
     """rl.async_level=1: step t+1's rollouts are sampled while step t learns, by the weights
     before step t. No sample is more than one version old (the first step's none), and a
     resume trains on the rollouts its checkpoint carries (sampled by a policy it no longer
-    holds): the uninterrupted run's batches, rewards and final weights."""
-    args = ("stage.max_steps=3", "rl.val_every=100", *ASYNC)
-    cfg = tiny(root, "async", *args, "rl.save_every=1", "rl.keep_checkpoints=3")
+    holds): the uninterrupted run's batches, rewards and final weights. The resume also loses
+    a rollout worker while it samples ahead (step 3, beside step 3's update): the stage
+    restarts from the step-2 checkpoint, whose rollouts it then trains on."""
+    args = ("stage.max_steps=4", "rl.val_every=100", "rl.save_every=1", *ASYNC)
+    cfg = tiny(root, "async", *args, "rl.keep_checkpoints=4")
     fresh = Run(cfg)  # the initial weights, like the other references'
-    try:
-        ref = train(cfg, run=fresh).parent
-        steps = _steps(ref)
-        assert [steps[s]["policy_lag"] for s in (1, 2, 3)] == [0, 1, 1]
-        _resume_copy(ref, root / "async_resumed", 1)
-        final = train(tiny(root, "async_resumed", *args), run=fresh)
-    finally:
-        fresh.shutdown()
+    ref = train(cfg, run=fresh).parent
+    steps = _steps(ref)
+    assert [steps[s]["policy_lag"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    _resume_copy(ref, root / "async_resumed", 1)
+    cfg = tiny(root, "async_resumed", *args, "rl.max_restarts=1")
+    _kill_after_checkpoint(fresh.engines.actors[0], root / "async_resumed", 2)
+    final = train(cfg, run=fresh)  # train() replaces `fresh` after the kill
+    assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
     resumed = _steps(root / "async_resumed")
-    for s in (2, 3):
+    assert sorted(resumed) == [1, 2, 3, 4]
+    for s in (2, 3, 4):
         assert resumed[s]["batch"] == steps[s]["batch"]
         assert resumed[s]["reward"] == steps[s]["reward"]
         assert resumed[s]["policy_lag"] == 1
     assert _checksum(final) == pytest.approx(_checksum(ref / "final"), rel=1e-6)
     _drop_checkpoints(ref, root / "async_resumed")
-
-
-@pytest.mark.parametrize(
-    "kind,async_level", [("learner", 0), ("rollout", 0), ("rollout", 1)], ids=str
-)
-def test_a_dead_actor_mid_stage_restarts_from_the_checkpoint_with_the_same_result(
-    ray_cluster, root, capsys, kind, async_level
-):
-    """Kill a learner or a rollout worker during step 2 of a reference stage (the resume
-    test's, or the async test's): the stage restarts its actors from the step-1 checkpoint and
-    ends with the reference's batches and final weights (the tolerance of the exact-resume
-    test)."""
-    import threading
-    import time
-
-    import ray
-
-    name, ref_name = f"killed_{kind}_{async_level}", "async" if async_level else "ref"
-    cfg = tiny(
-        root, name, "stage.max_steps=3", "rl.save_every=1", "rl.val_every=100",
-        "rl.max_restarts=1", *(ASYNC if async_level else ()),
-    )  # fmt: skip
-    victim = Run(cfg)  # fresh actors, like the reference's
-    target = victim.learners.actors[0] if kind == "learner" else victim.engines.actors[0]
-
-    def kill_after_the_first_checkpoint():
-        while not (root / name / "checkpoints" / "latest").exists():
-            time.sleep(0.1)
-        ray.kill(target)
-
-    threading.Thread(target=kill_after_the_first_checkpoint, daemon=True).start()
-    final = train(cfg, run=victim)
-    assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
-    steps, ref = _steps(root / name), _steps(root / ref_name)
-    assert sorted(steps) == [1, 2, 3]
-    assert [steps[s]["batch"] for s in (1, 2, 3)] == [ref[s]["batch"] for s in (1, 2, 3)]
-    assert _checksum(final) == pytest.approx(_checksum(root / ref_name / "final"), rel=1e-6)
-    _drop_checkpoints(root / name)
 
 
 def test_a_rerun_with_other_stage_settings_is_refused_and_the_same_reuses(run, root):

@@ -22,6 +22,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
@@ -36,6 +37,9 @@ from ctxpick.engines.models import (
     resolve,
 )
 from ctxpick.paths import file_sha256
+
+if TYPE_CHECKING:
+    import torch
 
 SHIPPED_DIR = Path(__file__).parent / "shipped_pickers"
 ADAPTER = "adapter"
@@ -60,7 +64,21 @@ class ShippedPicker:
         return SHIPPED_DIR / self.name
 
 
-SHIPPED: dict[str, ShippedPicker] = {}
+SHIPPED: dict[str, ShippedPicker] = {
+    "ctxpick-picker-0.5b": ShippedPicker(
+        "ctxpick-picker-0.5b",
+        "qwen2.5-coder-0.5b",
+        "Qwen2.5-Coder-0.5B + LoRA: warm start + Stage I, cross-encoder-ordered pool",
+        (
+            "d374fea6221299a78108f9bd2c79a50c722348f76a9b8c093f5ab0cf04c02755",
+            "5ff728aed759a29ea7fd1d4028b3c4e67c573ca812206ef75720acb2a1d5f2d4",
+            "b5174831abbaf43edc4751114d1ae91b6b9350f7bf06dc1a55160a66a6b85413",
+            "b9ef0d5beb40dd6ff83bc98c8f74a9338a9a151cd9d7fa56ac5970cd6e853a5d",
+        ),
+    ),
+}
+# What `ctxpick serve` serves when no serve.picker is given.
+DEFAULT_PICKER = "ctxpick-picker-0.5b"
 
 
 def check_shipped(picker: ShippedPicker, folder: Path | None = None) -> None:
@@ -162,11 +180,19 @@ def adapter_chain(final: Path, base: Path) -> list[Path]:
         folder = on
 
 
-def joined_adapter(chain: list[Path], base: Path) -> LoraAdapter:
+def joined_adapter(
+    chain: list[Path], base_name: str, max_rank: int | None = None
+) -> tuple[LoraAdapter, float]:
     """One adapter adding every adapter's delta of ``chain`` (in PEFT's format): per weight,
     the A matrices stacked and the B matrices side by side with each adapter's ``alpha / r``
     folded in, so ``alpha = r`` (scale 1) and ``B A`` is the sum of the chain's ``B_i A_i s_i``.
-    A weight an adapter does not target gets zero blocks from it."""
+    A weight an adapter does not target gets zero blocks from it. ``base_name`` goes in its
+    config as the model it applies to (the hub name: a path would be this machine's).
+
+    ``max_rank``: past it, each weight's joined delta is cut to its best rank-``max_rank``
+    approximation (truncated SVD), which bounds the file's size; a two-stage chain of rank-16
+    adapters for a 0.5B model is 35 MB exact. Returns the adapter and the largest relative
+    (Frobenius) error of a weight's delta: 0 when nothing was cut."""
     import torch
     from safetensors.torch import load, save
 
@@ -193,6 +219,12 @@ def joined_adapter(chain: list[Path], base: Path) -> LoraAdapter:
             big_a, big_b = pairs[name]
             big_a[start : start + a.shape[0]] = a.float()
             big_b[:, start : start + a.shape[0]] = b.float() * scale
+    worst = 0.0
+    if max_rank is not None and rank > max_rank:
+        for name, (a, b) in pairs.items():
+            pairs[name], err = _truncated(a, b, max_rank)
+            worst = max(worst, err)
+        rank = max_rank
     state = {}
     for name, (a, b) in pairs.items():
         state[name] = a.to(dtype)
@@ -207,16 +239,34 @@ def joined_adapter(chain: list[Path], base: Path) -> LoraAdapter:
         "lora_dropout": 0.0,
         "bias": "none",
         "target_modules": sorted({n.split(".")[-3] for n in pairs}),
-        "base_model_name_or_path": str(base),
+        "base_model_name_or_path": base_name,
     }
-    return LoraAdapter(json.dumps(config, indent=2, sort_keys=True), save(state))
+    return LoraAdapter(json.dumps(config, indent=2, sort_keys=True), save(state)), worst
 
 
-def ship(final: str | Path, name: str, base: str, summary: str = "") -> ShippedPicker:
+def _truncated(a: torch.Tensor, b: torch.Tensor, rank: int) -> tuple[tuple[Any, Any], float]:
+    """``B A``'s best rank-``rank`` factors (Eckart-Young), from the small core of two QRs so
+    the full weight-sized product is never formed; and the relative error that cut."""
+    import torch
+
+    qb, rb = torch.linalg.qr(b)  # b = qb rb
+    qa, ra = torch.linalg.qr(a.T)  # a = ra^T qa^T
+    u, sv, vh = torch.linalg.svd(rb @ ra.T)
+    root = sv[:rank].sqrt()
+    new_b = qb @ (u[:, :rank] * root)
+    new_a = (root[:, None] * vh[:rank]) @ qa.T
+    err = float(sv[rank:].square().sum().sqrt() / sv.square().sum().sqrt().clamp_min(1e-30))
+    return (new_a, new_b), err
+
+
+def ship(
+    final: str | Path, name: str, base: str, summary: str = "", max_rank: int | None = None
+) -> tuple[ShippedPicker, float]:
     """Put a trained LoRA stage's ``final/`` into the package as shipped picker ``name``: its
     ``picker.json`` and its chain's adapters joined into one for ``base``. The model card
-    must be in place first (it is pinned too). Returns the entry to pin in :data:`SHIPPED`
-    (:func:`pin_entry` writes it as code)."""
+    must be in place first (it is pinned too). ``max_rank``: see :func:`joined_adapter`.
+    Returns the entry to pin in :data:`SHIPPED` (:func:`pin_entry` writes it as code) and the
+    largest relative error the rank cut made (0: exact)."""
     if base not in BUILTINS:
         raise ValueError(f"base {base!r} is not a built-in model ({', '.join(BUILTINS)})")
     if name in BUILTINS or not name.replace("-", "").replace(".", "").replace("_", "").isalnum():
@@ -227,11 +277,12 @@ def ship(final: str | Path, name: str, base: str, summary: str = "") -> ShippedP
     if not (final / "picker.json").is_file():
         raise FileNotFoundError(f"{final / 'picker.json'} is missing: ship a stage's final/")
     base_path = Path(resolve(base))
-    adapter = joined_adapter(adapter_chain(final, base_path), base_path)
+    chain = adapter_chain(final, base_path)
+    adapter, err = joined_adapter(chain, BUILTINS[base].hf_name, max_rank)
     adapter.write(str(dest / ADAPTER))
     shutil.copy(final / "picker.json", dest / "picker.json")
     digests = tuple(file_sha256(dest / rel) for rel in SHIPPED_FILES)
-    return ShippedPicker(name, base, summary, digests)
+    return ShippedPicker(name, base, summary, digests), err
 
 
 def pin_entry(picker: ShippedPicker) -> str:

@@ -187,6 +187,10 @@ def validate(run: Run, val: list[PickerExample], spec: RewardSpec) -> dict[str, 
         # 1, 2, 3, ... until the rationale runs past picker.max_tokens), not just how many do.
         reasons = ", ".join(f"{why} ({n})" for why, n in invalid.most_common(3))
         print(f"    validation: {invalid.total()}/{len(flat)} invalid: {reasons}", flush=True)
+        bad = next(
+            g.samples[0].text for g, ts in zip(groups, terms, strict=True) if not ts[0].format_ok
+        )
+        print(f"    e.g. {bad[:300]!r}", flush=True)
     metrics = _term_means(flat)
     d = diagnose([_pick_record(g, picker.output_format) for g in groups])
     metrics |= {

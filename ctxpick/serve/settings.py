@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ctxpick.picker.selection import FALLBACKS
+from ctxpick.picker.shipped import DEFAULT_PICKER
 
 
 @dataclass
@@ -31,9 +32,10 @@ class ServeAudit:
 
 @dataclass
 class ServeConfig:
-    # A trained model folder, a run folder (its pickers.json: the last stage) or a built-in
-    # alias (an untrained base model: most outputs fall back).
-    picker: str = "smollm2-135m"
+    # A shipped picker (the default: `ctxpick models list`), a trained model folder, a run
+    # folder (its pickers.json: the last stage) or a built-in alias (an untrained base model:
+    # most outputs fall back).
+    picker: str = DEFAULT_PICKER
     host: str = "127.0.0.1"
     port: int = 8000
     num_replicas: int = 1  # engine replicas, unless autoscaling is on
