@@ -159,13 +159,22 @@ def _models(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.action == "ship":
         if len(args.names) != 1 or not args.name:
-            sys.exit("usage: ctxpick models ship FINAL_FOLDER --name NAME [--base ALIAS]")
+            sys.exit(
+                "usage: ctxpick models ship FINAL_FOLDER --name NAME [--base ALIAS] "
+                "[--summary TEXT] [--max-rank R]"
+            )
         try:
-            picker, err = ship(args.names[0], args.name, args.base, args.summary, args.max_rank)
+            picker, cut_error = ship(
+                args.names[0], args.name, args.base, args.summary, args.max_rank
+            )
         except (OSError, ValueError) as err:  # a folder that is not a LoRA stage's final/
             sys.exit(f"ctxpick models ship: {err}")
         size = (picker.folder / ADAPTER_FILES[1]).stat().st_size / 2**20
-        cut = f", rank cut to {args.max_rank}: largest relative error {err:.2e}" if err else ""
+        cut = (
+            f", rank cut to {args.max_rank}: largest relative error {cut_error:.2e}"
+            if cut_error
+            else ""
+        )
         print(f"{picker.folder}: adapter {size:.1f} MiB{cut}")
         print(f"pin it in ctxpick/picker/shipped.py SHIPPED:\n{pin_entry(picker)}")
         return

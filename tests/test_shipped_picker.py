@@ -180,6 +180,12 @@ def test_a_rank_cut_is_the_best_approximation_of_the_joined_delta():
     best = float(sv[3:].square().sum().sqrt() / sv.square().sum().sqrt())
     assert err == pytest.approx(best, rel=1e-4)
     assert float((full - b3 @ a3).norm() / full.norm()) == pytest.approx(best, rel=1e-4)
+    # More rank than the delta has (8): all of it, zero-padded to the rank asked.
+    (a12, b12), err = shipped._truncated(a, b, 12)
+    assert a12.shape == (12, 30) and b12.shape == (20, 12) and err < 1e-6
+    torch.testing.assert_close(b12 @ a12, full, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="max_rank 0: at least 1"):
+        shipped.ship("unused", "name", BASE, max_rank=0)
 
 
 @pytest.mark.slow

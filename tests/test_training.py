@@ -125,7 +125,7 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys):
         if resume_at == 1:
             victim = Run(cfg)  # train() replaces it after the kill
             _kill_after_checkpoint(victim.learners.actors[0], folder, 2)
-            final = train(cfg, run=victim)
+            final = _train_or_free(cfg, victim)
             assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
         else:
             final = train(cfg, run=run)
@@ -166,14 +166,27 @@ def _kill_after_checkpoint(actor, folder, step):
 
     import ray
 
-    latest = folder / "checkpoints" / "latest"
+    latest, deadline = folder / "checkpoints" / "latest", time.time() + 1800
 
     def kill():
+        # DeepSpeed writes `latest` last: once it names the step, the checkpoint is whole.
         while not (latest.exists() and latest.read_text() == f"step{step}"):
+            if time.time() > deadline:
+                return
             time.sleep(0.1)
         ray.kill(actor)
 
     threading.Thread(target=kill, daemon=True).start()
+
+
+def _train_or_free(cfg, run):
+    """train() on ``run``, which it replaces after a kill; freed here if the stage fails
+    otherwise, so the module's later actors still find room on the cluster."""
+    try:
+        return train(cfg, run=run)
+    except BaseException:
+        run.shutdown()
+        raise
 
 
 ASYNC = ("rl.async_level=1", "rl.learner.grpo.tis_cap=2.0")
@@ -197,18 +210,18 @@ def test_async_rollouts_are_one_version_old_and_a_resume_trains_on_the_same(
     before step t. No sample is more than one version old (the first step's none), and a
     resume trains on the rollouts its checkpoint carries (sampled by a policy it no longer
     holds): the uninterrupted run's batches, rewards and final weights. The resume also loses
-    a rollout worker while it samples ahead (step 3, beside step 3's update): the stage
+    a rollout worker while it samples step 4 beside step 3's update: the stage
     restarts from the step-2 checkpoint, whose rollouts it then trains on."""
     args = ("stage.max_steps=4", "rl.val_every=100", "rl.save_every=1", *ASYNC)
     cfg = tiny(root, "async", *args, "rl.keep_checkpoints=4")
     fresh = Run(cfg)  # the initial weights, like the other references'
-    ref = train(cfg, run=fresh).parent
+    ref = _train_or_free(cfg, fresh).parent
     steps = _steps(ref)
     assert [steps[s]["policy_lag"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
     _resume_copy(ref, root / "async_resumed", 1)
     cfg = tiny(root, "async_resumed", *args, "rl.max_restarts=1")
     _kill_after_checkpoint(fresh.engines.actors[0], root / "async_resumed", 2)
-    final = train(cfg, run=fresh)  # train() replaces `fresh` after the kill
+    final = _train_or_free(cfg, fresh)  # train() replaces `fresh` after the kill
     assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
     resumed = _steps(root / "async_resumed")
     assert sorted(resumed) == [1, 2, 3, 4]

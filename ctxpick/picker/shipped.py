@@ -22,7 +22,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from filelock import FileLock
 
@@ -73,7 +73,7 @@ SHIPPED: dict[str, ShippedPicker] = {
             "d374fea6221299a78108f9bd2c79a50c722348f76a9b8c093f5ab0cf04c02755",
             "5ff728aed759a29ea7fd1d4028b3c4e67c573ca812206ef75720acb2a1d5f2d4",
             "b5174831abbaf43edc4751114d1ae91b6b9350f7bf06dc1a55160a66a6b85413",
-            "b9ef0d5beb40dd6ff83bc98c8f74a9338a9a151cd9d7fa56ac5970cd6e853a5d",
+            "e44a6b2eac7e3f104318cd431f11d51e9b0bb281a0c1b970d25df3dd9cbb091d",
         ),
     ),
 }
@@ -244,18 +244,25 @@ def joined_adapter(
     return LoraAdapter(json.dumps(config, indent=2, sort_keys=True), save(state)), worst
 
 
-def _truncated(a: torch.Tensor, b: torch.Tensor, rank: int) -> tuple[tuple[Any, Any], float]:
+def _truncated(
+    a: torch.Tensor, b: torch.Tensor, rank: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor], float]:
     """``B A``'s best rank-``rank`` factors (Eckart-Young), from the small core of two QRs so
     the full weight-sized product is never formed; and the relative error that cut."""
     import torch
 
     qb, rb = torch.linalg.qr(b)  # b = qb rb
     qa, ra = torch.linalg.qr(a.T)  # a = ra^T qa^T
-    u, sv, vh = torch.linalg.svd(rb @ ra.T)
+    u, sv, vh = torch.linalg.svd(rb @ ra.T, full_matrices=False)
     root = sv[:rank].sqrt()
     new_b = qb @ (u[:, :rank] * root)
     new_a = (root[:, None] * vh[:rank]) @ qa.T
     err = float(sv[rank:].square().sum().sqrt() / sv.square().sum().sqrt().clamp_min(1e-30))
+    # A weight whose delta has fewer directions than `rank` keeps them all, padded with zeros
+    # to the adapter's one rank.
+    short = rank - new_a.shape[0]
+    new_a = torch.cat([new_a, new_a.new_zeros(short, new_a.shape[1])])
+    new_b = torch.cat([new_b, new_b.new_zeros(new_b.shape[0], short)], dim=1)
     return (new_a, new_b), err
 
 
@@ -269,6 +276,8 @@ def ship(
     largest relative error the rank cut made (0: exact)."""
     if base not in BUILTINS:
         raise ValueError(f"base {base!r} is not a built-in model ({', '.join(BUILTINS)})")
+    if max_rank is not None and max_rank < 1:
+        raise ValueError(f"max_rank {max_rank}: at least 1 (or none: the exact joined adapter)")
     if name in BUILTINS or not name.replace("-", "").replace(".", "").replace("_", "").isalnum():
         raise ValueError(f"name {name!r}: letters, digits, '-', '.', '_', not a built-in alias")
     final, dest = Path(final), SHIPPED_DIR / name

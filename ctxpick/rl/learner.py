@@ -344,8 +344,11 @@ class Learner:
     def save_checkpoint(self, path: str, tag: str, client_state: dict[str, Any]) -> None:
         import torch
 
-        self.engine.save_checkpoint(path, tag=tag, client_state=client_state)
+        # The RNG state first: DeepSpeed writes `latest` last, so once it names this tag the
+        # checkpoint is whole, and a crash between the two never leaves one a resume fails on.
+        (Path(path) / tag).mkdir(parents=True, exist_ok=True)
         torch.save(torch.get_rng_state(), Path(path) / tag / f"rng_rank{self.rank}.pt")
+        self.engine.save_checkpoint(path, tag=tag, client_state=client_state)
 
     def load_checkpoint(self, path: str, tag: str) -> dict[str, Any]:
         import torch

@@ -188,7 +188,10 @@ def validate(run: Run, val: list[PickerExample], spec: RewardSpec) -> dict[str, 
         reasons = ", ".join(f"{why} ({n})" for why, n in invalid.most_common(3))
         print(f"    validation: {invalid.total()}/{len(flat)} invalid: {reasons}", flush=True)
         bad = next(
-            g.samples[0].text for g, ts in zip(groups, terms, strict=True) if not ts[0].format_ok
+            s.text
+            for g, ts in zip(groups, terms, strict=True)
+            for s, t in zip(g.samples, ts, strict=True)
+            if not t.format_ok
         )
         print(f"    e.g. {bad[:300]!r}", flush=True)
     metrics = _term_means(flat)
