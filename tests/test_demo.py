@@ -35,6 +35,9 @@ SHRINK = [
 ]
 
 
+PICKERS = ("stage1", "stage2", "shipped")
+
+
 def test_main_job_end_to_end(ray_cluster, tmp_path, capsys, monkeypatch):
     overrides = ["experiment=demo", f"output_dir={tmp_path}", *SHRINK]
     cfg = compose(overrides)
@@ -54,6 +57,8 @@ def test_main_job_end_to_end(ray_cluster, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "eval" / "accuracy_vs_tokens_hotpotqa.png").exists()
     text = report.read_text()
     assert "picker:stage1" in text and "picker:stage2" in text
+    # The shipped picker is evaluated beside the job's own, on the order it was trained on.
+    assert "picker:shipped" in text and "picker:shipped reads the crossenc order" in text
     for section in ("With 95% confidence intervals", "Is each picker reading its input?"):
         assert section in text
     assert "Pickers against baselines (paired)" in text and "with 95% confidence" in out
@@ -64,7 +69,7 @@ def test_main_job_end_to_end(ray_cluster, tmp_path, capsys, monkeypatch):
     assert ["time/sync" in m for m in steps] == [False, True] and "val/reward" in steps[1]
     recs = [json.loads(x) for x in (tmp_path / "eval" / "examples.jsonl").read_text().splitlines()]
     methods = {r["method"] for r in recs}
-    assert methods == {"none", "bm25@2", "adaptive", "oracle", "picker:stage1", "picker:stage2"}
+    assert methods == {"none", "bm25@2", "adaptive", "oracle", *(f"picker:{p}" for p in PICKERS)}
     assert len(recs) == 2 * len(methods)
     assert all(r["context_tokens"] <= 400 for r in recs)  # the token budget caps every method
     assert all(r["context_tokens"] == 0 for r in recs if r["method"] == "none")

@@ -1,6 +1,6 @@
 """The baselines users deploy instead of a picker (a cross-encoder's top-K and score cut), the
-matched-size rows that separate a picker's reading from its sizing, and the refusal to
-evaluate a picker on another pool than it was trained on."""
+matched-size rows that separate a picker's reading from its sizing, and each picker read on
+the pool it was trained on (or refused where this evaluation cannot rank it so)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ import pytest
 from conftest import SAMPLES
 
 from ctxpick.config import ConfigError, compose, picker_spec
+from ctxpick.engines.base import Completion
 from ctxpick.eval import methods as M
-from ctxpick.eval.harness import all_labels, retrieve, select
+from ctxpick.eval.harness import all_labels, report_header, retrieve, select
+from ctxpick.eval.picking import picker_rankings, picks_as_served
 from ctxpick.eval.records import fingerprint
 from ctxpick.eval.report import paired_table
+from ctxpick.picker.inference import Picker
+from ctxpick.picker.spec import PickerSpec
 
 
 def _cfg(tmp_path, *extra):
@@ -94,13 +98,39 @@ def test_a_matched_row_is_paired_with_its_own_picker_only():
     }
 
 
-def test_a_picker_trained_on_another_pool_is_refused_before_any_engine_starts(tmp_path):
+class FirstTwo:
+    """An engine whose picker keeps the first two passages shown, whatever the question."""
+
+    def generate(self, chats, sampling):
+        return [[Completion("<ids>[1, 2]</ids><rationale>x</rationale>", [], 0)] for _ in chats]
+
+
+def test_a_picker_reads_the_order_it_was_trained_on_and_another_chunking_is_refused(tmp_path):
+    """One evaluation holds pickers trained on different orders of the same chunks: each is
+    shown its own order (a picker trained on the dense order, under a BM25 pool, reads dense;
+    the BM25 rows keep BM25's). A pool no ranking here reproduces (other chunks) is refused
+    before any engine starts."""
     dense = ["retrieval.pool.retriever=dense", "mining.pool.retriever=dense"]
-    cfg = _cfg(tmp_path, "eval.methods=[picker]")
+    cfg = _cfg(tmp_path, "eval.methods=[bm25,picker]")
     cfg.eval.pickers = {"p": _trained_folder(tmp_path / "p", _cfg(tmp_path, *dense))}
-    with pytest.raises(ConfigError, match=r"another pool.*retriever: 'dense' -> 'bm25'"):
+    assert picker_rankings(cfg) == {"p": "dense"}
+    items = retrieve(cfg)  # the dense scores are computed for the picker alone
+    spec = PickerSpec.load(tmp_path / "p")
+    picks = picks_as_served(Picker(FirstTwo(), spec, count_tokens=len), items, "dense")
+    orders = [[int(j) for j in np.argsort(-r.dense, kind="stable")[:6]] for r in items]
+    assert any(r.pool != order for r, order in zip(items, orders, strict=True))  # BM25's
+    for r, sel, order in zip(items, picks, orders, strict=True):
+        assert sel.extra["shown_pids"] == [r.item.passages[j].pid for j in order]
+        assert sel.passages == [r.item.passages[j] for j in order[:2]]
+    assert "picker:p reads the dense order; full_pool and adaptive keep the bm25" in report_header(
+        cfg
+    )
+
+    window = _cfg(tmp_path, *dense, "retrieval.chunking.window_words=64")
+    cfg.eval.pickers = {"w": _trained_folder(tmp_path / "w", window)}
+    with pytest.raises(ConfigError, match=r"no ranking here reproduces it.*chunking"):
         select(cfg, retrieve(cfg))
-    spec = json.loads((tmp_path / "p" / "picker.json").read_text())
+    spec = json.loads((tmp_path / "w" / "picker.json").read_text())
     assert spec["pool"]["retriever"] == "dense"
 
 

@@ -10,7 +10,8 @@ from conftest import SAMPLES
 
 from ctxpick.config import ConfigError, EvalConfig, compose
 from ctxpick.engines.base import Completion
-from ctxpick.eval.harness import picks_as_served, retrieve
+from ctxpick.eval.harness import retrieve
+from ctxpick.eval.picking import picks_as_served
 from ctxpick.eval.records import fingerprint, record_keys
 from ctxpick.eval.report import aggregate, ci_table, main_table
 from ctxpick.picker.inference import Picker

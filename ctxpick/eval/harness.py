@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ctxpick.config import Config, ConfigError, inference_pool
+from ctxpick.config import Config
 from ctxpick.data.loaders import load_sources
 from ctxpick.data.schema import Passage
 from ctxpick.engines.base import SamplingConfig
@@ -20,16 +20,15 @@ from ctxpick.engines.models import resolve
 from ctxpick.engines.prompts import answer_chat
 from ctxpick.engines.ray_pool import EnginePool, init_ray, print_progress
 from ctxpick.eval import methods as M
+from ctxpick.eval.picking import pick, picker_ranking, picker_rankings
 from ctxpick.eval.plots import plot_accuracy_vs_tokens
 from ctxpick.eval.records import fingerprint, record_keys
 from ctxpick.eval.report import MethodResult, aggregate, write_report
 from ctxpick.jsonl import JsonlWriter, read_done
 from ctxpick.judge.judges import JudgeItem, make_judge
 from ctxpick.judge.rules import exact_match, token_f1
-from ctxpick.picker.inference import Picker
 from ctxpick.picker.selection import apply_budget, passage_tokens, token_counter
 from ctxpick.picker.shipped import SHIPPED, check_shipped, picker_folder
-from ctxpick.picker.spec import PickerSpec
 from ctxpick.retrieval.chunking import Chunker
 from ctxpick.retrieval.pools import PoolBuilder
 from ctxpick.tracking import Tracker
@@ -70,9 +69,14 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
     chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
     pools = PoolBuilder(cfg.retrieval.pool)
     by, methods = cfg.retrieval.pool.retriever, set(cfg.eval.methods)
+    read = set(picker_rankings(cfg).values())  # the orders the pickers were trained on
 
     def wanted(ranking: str, *methods_reading_it: str) -> bool:
-        return by == ranking or bool(methods & {ranking, "matched", *methods_reading_it})
+        return (
+            by == ranking
+            or ranking in read
+            or bool(methods & {ranking, "matched", *methods_reading_it})
+        )
 
     out = []
     for n, item in enumerate(chunked, 1):
@@ -84,7 +88,7 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
             cross = pools.crossenc_scores(item, first)
         reranked = min(cfg.retrieval.pool.rerank_n, len(item.passages))
         r = M.Retrieved(item, bm25, [], dense, by, cross, reranked)
-        r.pool = [int(i) for i in M.top_k(r.pool_scores, cfg.retrieval.pool.k)]
+        r.pool = r.top(by, cfg.retrieval.pool.k)
         out.append(r)
         if n % 100 == 0 or n == len(chunked):
             print(f"  retrieved {n}/{len(chunked)}", flush=True)
@@ -121,7 +125,7 @@ def select(
         label = f"picker:{name}"
         rows = recorded(label)
         if rows is None:
-            out[label] = _pick(cfg, path, items)
+            out[label] = pick(cfg, path, items)
             sizes = [len(sel.passages or []) for sel in out[label]]
         else:
             out[label] = [M.Selection([])] * len(items)
@@ -134,78 +138,6 @@ def select(
                     for r, size in zip(items, sizes, strict=True)
                 ]
     return out
-
-
-def _pick(cfg: Config, path: str, items: list[M.Retrieved]) -> list[M.Selection]:
-    if not (Path(path) / "config.json").exists():
-        raise ConfigError(f"eval.pickers: {path} is not a model folder (a stage's final/)")
-    check_pool(path, inference_pool(cfg))
-    try:
-        picker = Picker.from_pretrained(
-            path,
-            engine=lambda folder: EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed),
-            fallback=cfg.eval.picker_fallback,
-            fallback_k=cfg.eval.picker_fallback_k,
-            # The selection's picker-token counts go unused here (the harness counts the
-            # generator's): no tokenizer to load, no passage to count.
-            count_tokens=lambda text: 0,
-        )
-    except (OSError, ValueError) as err:  # the prompt is read before any engine starts
-        raise ConfigError(f"eval.pickers: {err}") from None
-    try:
-        return picks_as_served(picker, items)
-    finally:
-        picker.engine.shutdown()
-
-
-def check_pool(folder: str, pool: dict[str, Any]) -> None:
-    """Refuse a picker whose ``picker.json`` says it learnt to read another pool than the one
-    this evaluation ranks (another order or cut of the passages reads as noise to it)."""
-    try:
-        mismatch = PickerSpec.load(folder).pool_mismatch(pool)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"eval.pickers: {err}") from None
-    if mismatch:
-        raise ConfigError(
-            f"eval.pickers: {folder} was trained on another pool than retrieval.pool / "
-            f"retrieval.chunking give here (trained -> here: {'; '.join(mismatch)}): set "
-            "retrieval.* as the picker's picker.json records them"
-        )
-
-
-def picks_as_served(picker: Picker, items: list[M.Retrieved]) -> list[M.Selection]:
-    """Each question's passages as the service would send them: through
-    :meth:`Picker.pick_many`, the call the service makes, so the fallback on an output that
-    does not parse is the served one and the kept passages come in the retriever's order."""
-    t0 = time.time()
-    served = picker.pick_many(
-        [r.item.example.question for r in items],
-        [[_candidate(r.item.passages[i]) for i in r.pool] for r in items],
-        isolate_errors=False,  # an engine failure is no decision of the picker's: never recorded
-    )
-    per_item = (time.time() - t0) / max(len(items), 1)
-    return [
-        M.Selection(
-            [r.item.passages[r.pool[i]] for i in sel.indices],
-            per_item,
-            {
-                "pick_valid": sel.valid,
-                "pick_output": sel.output,
-                "pick_fallback": sel.fallback,
-                # for the collapse diagnostics (ctxpick/picker/diagnostics.py): 1-based
-                # positions in the pool, of the picker's choice or of the fallback's
-                "pick_ids": [i + 1 for i in sel.indices] if sel.valid else None,
-                "fallback_ids": None if sel.valid else [i + 1 for i in sel.indices],
-                "shown_pids": [r.item.passages[i].pid for i in r.pool[: picker.spec.max_passages]],
-                "gold_pids": r.item.gold_pids,
-            },
-        )
-        for sel, r in zip(served, items, strict=True)
-    ]
-
-
-def _candidate(p: Passage) -> dict[str, str]:
-    return {"id": p.pid, "text": p.text, "title": p.title}
 
 
 class _Answerer:
@@ -265,9 +197,10 @@ def run_eval(cfg: Config) -> EvalRun:
     for ref in cfg.eval.pickers.values():
         if ref in SHIPPED:
             check_shipped(SHIPPED[ref])  # its files first: a changed one is no pool mismatch
-            check_pool(str(SHIPPED[ref].folder), inference_pool(cfg))
+            picker_ranking(cfg, SHIPPED[ref].folder)
     pickers = {name: picker_folder(ref) for name, ref in cfg.eval.pickers.items()}
     cfg = replace(cfg, eval=replace(cfg.eval, pickers=pickers))
+    picker_rankings(cfg)  # a picker no ranking here can show its pool fails before retrieval
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -326,16 +259,8 @@ def run_eval(cfg: Config) -> EvalRun:
         if sel.passages is not None and key in done
     ]
     results = aggregate(current, timings)
-    budget = f"token budget {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
-    fallback = cfg.eval.picker_fallback
-    if fallback == "top_k":
-        fallback = f"top {cfg.eval.picker_fallback_k} of the retriever order"
-    header = (
-        f"Generator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}; "
-        f"a picker's invalid output sends: {fallback}."
-    )
     table, with_ci = write_report(
-        out / "report.md", header, current, results, all_labels(cfg, items)
+        out / "report.md", report_header(cfg), current, results, all_labels(cfg, items)
     )
     plots = plot_accuracy_vs_tokens(results, out)
     (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
@@ -355,6 +280,25 @@ def run_eval(cfg: Config) -> EvalRun:
     print("plots: " + ", ".join(str(p) for p in plots))
     print(f"done in {time.time() - t_start:.0f}s", flush=True)
     return EvalRun(out / "report.md", current)
+
+
+def report_header(cfg: Config) -> str:
+    """What the report's numbers rest on besides the methods: generator, judge, budget, the
+    fallback's passages, the pool, and the order each picker reads where it is not the pool's."""
+    budget = f"token budget {cfg.eval.token_budget}" if cfg.eval.token_budget else "no token budget"
+    fallback = cfg.eval.picker_fallback
+    if fallback == "top_k":
+        fallback = f"top {cfg.eval.picker_fallback_k} of the order the picker reads"
+    by = cfg.retrieval.pool.retriever
+    own = [f"picker:{n} reads the {r} order" for n, r in picker_rankings(cfg).items() if r != by]
+    if own:  # what a paired row against them keeps
+        own.append(f"full_pool and adaptive keep the {by} order")
+    return (
+        f"Generator: {cfg.model.name}; judge: {cfg.judge.mode}; {budget}; "
+        f"a picker's invalid output sends: {fallback}; pool: {by} top {cfg.retrieval.pool.k}"
+        + "".join(f"; {note}" for note in own)
+        + "."
+    )
 
 
 def _token_counter(cfg: Config) -> Callable[[Passage], int]:

@@ -16,7 +16,8 @@ the generator will read; the token budget then caps what any of them may send.
 * ``full_pool``  -- the whole inference pool (top ``retrieval.pool.k`` by
   ``retrieval.pool.retriever``: BM25 or dense).
 * ``oracle``     -- the human gold evidence (datasets that annotate it).
-* ``picker``     -- each picker checkpoint in ``eval.pickers`` reading the inference pool.
+* ``picker``     -- each picker checkpoint in ``eval.pickers``, reading the top
+  ``retrieval.pool.k`` in the order its ``picker.json`` names (ctxpick/eval/picking.py).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ class Retrieved:
     def pool_scores(self) -> np.ndarray:
         """The pool retriever's scores, by passage index."""
         return self.scores(self.pool_retriever)
+
+    def top(self, ranking: str, k: int | None = None) -> list[int]:
+        """The indices of a ranking's first ``k`` passages (default: as many as the pool)."""
+        return [int(i) for i in top_k(self.scores(ranking), len(self.pool) if k is None else k)]
 
 
 @dataclass

@@ -71,9 +71,9 @@ SHIPPED: dict[str, ShippedPicker] = {
         "Qwen2.5-Coder-0.5B + LoRA: warm start + Stage I, cross-encoder-ordered pool",
         (
             "d374fea6221299a78108f9bd2c79a50c722348f76a9b8c093f5ab0cf04c02755",
-            "5ff728aed759a29ea7fd1d4028b3c4e67c573ca812206ef75720acb2a1d5f2d4",
-            "b5174831abbaf43edc4751114d1ae91b6b9350f7bf06dc1a55160a66a6b85413",
-            "e44a6b2eac7e3f104318cd431f11d51e9b0bb281a0c1b970d25df3dd9cbb091d",
+            "425ab9b4c0cb9ad194f0726cfd07cef6052a4c82e1d869be8f13bcd98b5073ed",
+            "ae645b7664cad5ecd46c78e34afa03dc8df42bb80df31fa0ace7005501af74a9",
+            "1463ce974f4d41b75c4d6c6eeb84f3a8bb4b7e21c552758e557f752bada8754a",
         ),
     ),
 }
@@ -131,21 +131,29 @@ def picker_folder(ref: str) -> str:
 
 
 def _merge(picker: ShippedPicker, out: Path) -> Path:
+    files = [picker.folder / rel for rel in ("picker.json", CARD)]
+    return merged_folder(picker.base, _read_adapter(picker.folder / ADAPTER), files, out)
+
+
+def merged_folder(base: str, adapter: LoraAdapter, files: list[Path], out: Path) -> Path:
+    """``adapter`` merged into built-in ``base`` as a trained picker folder at ``out`` (its
+    weights, the base's config and tokenizer, and ``files``, e.g. ``picker.json``), written
+    whole under another name first, so a reader never sees a half-merged folder."""
     from safetensors.torch import save_file
 
-    base = Path(resolve(picker.base))
+    base_path = Path(resolve(base))
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    weights = dict(merged_weights(str(base), _read_adapter(picker.folder / ADAPTER)))
+    weights = dict(merged_weights(str(base_path), adapter))
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     for rel in BASE_FILES:
-        if (base / rel).exists():
-            shutil.copy(base / rel, tmp / rel)
-    for rel in ("picker.json", CARD):
-        shutil.copy(picker.folder / rel, tmp / rel)
-    shutil.rmtree(out, ignore_errors=True)  # only with force: readers of it may fail
-    tmp.rename(out)  # a reader never sees a half-merged folder
+        if (base_path / rel).exists():
+            shutil.copy(base_path / rel, tmp / rel)
+    for path in files:
+        shutil.copy(path, tmp / path.name)
+    shutil.rmtree(out, ignore_errors=True)  # only when rebuilding: readers of it may fail
+    tmp.rename(out)
     return out
 
 
