@@ -214,6 +214,7 @@ class EvalConfig:
             "full_pool",
             "oracle",
             "picker",
+            "matched",
         ]
     )
     topk: list[int] = field(default_factory=lambda: [5, 10])  # K of the Top-K baselines
