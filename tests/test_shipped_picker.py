@@ -151,7 +151,7 @@ def test_a_shipped_picker_on_chunks_it_was_not_trained_on_is_refused_before_it_i
     )
     # Its picker.json's chunks are 60 words at most; this evaluation's, 120: no ranking here
     # can show it the passages it learnt to read.
-    with pytest.raises(ConfigError, match=r"no ranking here reproduces it.*'max_words': 60"):
+    with pytest.raises(ConfigError, match=r"no ranking.*'max_words': 60.*chunking.max_words=60"):
         run_eval(cfg)
     assert not shipped.prepared_picker_path(picker).exists()
 

@@ -6,7 +6,7 @@ beside the shipped one on the cross-encoder's), each read as it would be deploye
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ctxpick.config import Config, ConfigError, inference_pool
@@ -33,10 +33,13 @@ def picker_ranking(cfg: Config, folder: str | Path) -> str:
         if not spec.pool_mismatch(pool_settings(pool, cfg.retrieval.chunking, cfg.rl.pool_order)):
             return ranking
     mismatch = "; ".join(spec.pool_mismatch(inference_pool(cfg)))
+    trained, here = (spec.pool or {}).get("chunking") or {}, asdict(cfg.retrieval.chunking)
+    chunks = [f"retrieval.chunking.{k}={v}" for k, v in trained.items() if here.get(k) != v]
     raise ConfigError(
         f"eval.pickers: {folder} was trained on another pool than retrieval.pool / "
         f"retrieval.chunking give here, and no ranking here reproduces it (trained -> here: "
         f"{mismatch}): set retrieval.* as the picker's picker.json records them"
+        + (f" (its chunks: {' '.join(chunks)})" if chunks else "")
     )
 
 
