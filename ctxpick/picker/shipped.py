@@ -73,7 +73,7 @@ SHIPPED: dict[str, ShippedPicker] = {
             "d374fea6221299a78108f9bd2c79a50c722348f76a9b8c093f5ab0cf04c02755",
             "425ab9b4c0cb9ad194f0726cfd07cef6052a4c82e1d869be8f13bcd98b5073ed",
             "ae645b7664cad5ecd46c78e34afa03dc8df42bb80df31fa0ace7005501af74a9",
-            "34c149808eb2cd63479ef339a94cd28739e7533f89561066fe176be5af47f197",
+            "41f3f279d866458a279c62ffd863b790bb14e3e7bac6bea79c6996872e00d6ef",
         ),
     ),
 }
