@@ -133,6 +133,8 @@ def test_a_picker_recorded_for_every_question_does_not_run_again(tmp_path):
     assert len(sel["picker:gone"]) == len(items) and len(sel["none"]) == len(items)
     with pytest.raises(ConfigError, match="not a model folder"):
         select(cfg, items)  # not recorded: the picker would run
+    cfg.eval.methods = ["none"]  # no method needs a picker: none is loaded
+    assert list(select(cfg, items)) == ["none"]
 
 
 def test_config_refuses_unknown_methods(tmp_path):

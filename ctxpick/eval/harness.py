@@ -20,7 +20,7 @@ from ctxpick.engines.models import resolve
 from ctxpick.engines.prompts import answer_chat
 from ctxpick.engines.ray_pool import EnginePool, init_ray, print_progress
 from ctxpick.eval import methods as M
-from ctxpick.eval.picking import pick, picker_ranking, picker_rankings
+from ctxpick.eval.picking import pick, picker_ranking, picker_rankings, runs_pickers
 from ctxpick.eval.plots import plot_accuracy_vs_tokens
 from ctxpick.eval.records import fingerprint, record_keys
 from ctxpick.eval.report import MethodResult, aggregate, write_report
@@ -121,7 +121,7 @@ def select(
             )
             rows.append(M.Selection(chosen, time.time() - t0))
         out[label] = rows
-    for name, path in cfg.eval.pickers.items():
+    for name, path in (cfg.eval.pickers if runs_pickers(cfg) else {}).items():
         label = f"picker:{name}"
         rows = recorded(label)
         if rows is None:

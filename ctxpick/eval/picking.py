@@ -43,11 +43,16 @@ def picker_ranking(cfg: Config, folder: str | Path) -> str:
     )
 
 
+def runs_pickers(cfg: Config) -> bool:
+    """Whether a configured method needs the pickers: their rows, or their set sizes."""
+    return bool({"picker", "matched"} & set(cfg.eval.methods))
+
+
 def picker_rankings(cfg: Config) -> dict[str, str]:
     """Each configured picker's ranking (:func:`picker_ranking`) by name, for the pickers whose
     ``picker.json`` can be read (a folder without one fails where it is read next: its record
     keys, or :func:`pick`)."""
-    if not {"picker", "matched"} & set(cfg.eval.methods):  # nothing runs a picker
+    if not runs_pickers(cfg):
         return {}
     return {
         name: picker_ranking(cfg, folder)
