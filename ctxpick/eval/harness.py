@@ -63,13 +63,15 @@ def all_labels(cfg: Config, items: list[M.Retrieved]) -> list[str]:
 
 
 def retrieve(cfg: Config) -> list[M.Retrieved]:
+    # The orders the pickers were trained on; a picker none here reproduces fails before
+    # any file is read.
+    read = set(picker_rankings(cfg).values())
     examples = load_sources(
         cfg.data.sources, cfg.data.strict, Path(cfg.output_dir) / "rejects.jsonl"
     )
     chunked = Chunker(cfg.retrieval.chunking).chunk_all(examples)
     pools = PoolBuilder(cfg.retrieval.pool)
     by, methods = cfg.retrieval.pool.retriever, set(cfg.eval.methods)
-    read = set(picker_rankings(cfg).values())  # the orders the pickers were trained on
 
     def wanted(ranking: str, *methods_reading_it: str) -> bool:
         return (
@@ -200,7 +202,6 @@ def run_eval(cfg: Config) -> EvalRun:
             picker_ranking(cfg, SHIPPED[ref].folder)
     pickers = {name: picker_folder(ref) for name, ref in cfg.eval.pickers.items()}
     cfg = replace(cfg, eval=replace(cfg.eval, pickers=pickers))
-    picker_rankings(cfg)  # a picker no ranking here can show its pool fails before retrieval
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
