@@ -252,6 +252,29 @@ def test_a_rerun_with_other_stage_settings_is_refused_and_the_same_reuses(run, r
     _drop_checkpoints(folder)
 
 
+def test_a_stage_that_fails_frees_the_actors_it_started(run, root):
+    """train() without a caller's Run starts its own actors, in a placement group of their
+    own: a failure after they start (here a checkpoint whose files are gone) must not leave
+    them holding the cluster's CPUs."""
+    import time
+
+    import ray
+
+    def held():  # the test cluster has no dashboard, so no state API: the GCS's own table
+        return {k for k, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
+
+    before = held()  # the module's shared Run and whatever else the session holds
+    (root / "broken" / "checkpoints").mkdir(parents=True)
+    (root / "broken" / "checkpoints" / "latest").write_text("global_step9\n")
+    with pytest.raises(FileNotFoundError, match="names checkpoint 'global_step9'"):
+        train(tiny(root, "broken"))
+    for _ in range(60):  # the GCS records a removal a moment after it is asked
+        if held() <= before:
+            break
+        time.sleep(1)
+    assert held() <= before
+
+
 def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
     from ctxpick.picker.examples import load_picker_examples
 

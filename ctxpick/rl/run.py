@@ -37,31 +37,36 @@ class Run:
         # Engines load while the learners initialise.
         self.transfer = rl.transfer_mode()
         self.serves_lora = self.transfer == "adapter" and rl.serving_mode() == "lora"
-        self.engines = EnginePool.from_config(
-            model,
-            rl.rollout,
-            cfg.seed,
-            wait=False,
-            replace_dead=False,  # a replacement would lack the synced weights: train() restarts
-            placement=(self.pg, 0),
-            logprobs_mode="processed_logprobs",
-            weight_transfer=self.transfer,
-            # Adapter sync: the base model loaded once, the learner's adapter on top of it,
-            # served by vLLM's LoRA support or merged into the engine's weights.
-            max_lora_rank=rl.learner.lora_rank if self.serves_lora else 0,
-        )
-        self.learners = LearnerGroup(
-            rl.learner, stage.lr, init_from, placement=(self.pg, learners_at)
-        )
-        self.engines.ready()
-        if self.transfer in ("nccl", "ipc"):
-            self.learners.connect_engines(self.transfer, self.engines.actors)
+        try:
+            self.engines = EnginePool.from_config(
+                model,
+                rl.rollout,
+                cfg.seed,
+                wait=False,
+                replace_dead=False,  # a replacement would lack the synced weights: train() restarts
+                placement=(self.pg, 0),
+                logprobs_mode="processed_logprobs",
+                weight_transfer=self.transfer,
+                # Adapter sync: the base model loaded once, the learner's adapter on top of it,
+                # served by vLLM's LoRA support or merged into the engine's weights.
+                max_lora_rank=rl.learner.lora_rank if self.serves_lora else 0,
+            )
+            self.learners = LearnerGroup(
+                rl.learner, stage.lr, init_from, placement=(self.pg, learners_at)
+            )
+            self.engines.ready()
+            if self.transfer in ("nccl", "ipc"):
+                self.learners.connect_engines(self.transfer, self.engines.actors)
+            from transformers import AutoTokenizer
+
+            from ctxpick.engines.models import resolve
+
+            self.tokenizer = AutoTokenizer.from_pretrained(resolve(model))
+        except BaseException:
+            # A start that fails half-way: removing the group kills what it already placed.
+            ray.util.remove_placement_group(self.pg)
+            raise
         self.rewards = RewardClient(cfg.rewards.timeout_s, cfg.rewards.fallback)
-        from transformers import AutoTokenizer
-
-        from ctxpick.engines.models import resolve
-
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve(model))
 
     def sync_weights(self) -> float:
         """Push the learners' policy to the rollout workers (the LoRA adapter alone, or whole

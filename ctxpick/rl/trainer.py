@@ -55,105 +55,115 @@ def train(cfg: Config, run: Run | None = None) -> Path:
         f"[{stage.name}] starting rollout engines and {rl.learner.num_actors} learner(s)",
         flush=True,
     )
-    owned = run is None
+    owned, stop = run is None, None
     run = run or Run(cfg)
-    run.cfg = cfg  # reused actors serve this stage's prompts, sampling and reward
-    state, ahead = _resume(run, out)
-    tracker = Tracker.for_job(cfg, out, stage.name)
-    tracker.use_artifact(rl.mined, "dataset")
-    if stage.init_from:
-        tracker.use_artifact(stage.init_from, "model")
-    metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
-    stop = _StopOnSigterm()
-    print(
-        f"[{stage.name}] {len(data['train'])} train / {len(data['val'])} val prompts, "
-        f"{stage.kind}, from step {state.step} to {stage.max_steps}",
-        flush=True,
-    )
-    restarts = 0
-    while state.step < stage.max_steps and not state.stop_reason:
-        try:
-            t0, tables = time.time(), {}
-            more = partial(stream.next_batch, state)  # dynamic sampling's extra prompts
-            if stage.kind == "sft":
-                batch = stream.next_batch(state)
-                metrics = sft_step(run, batch)
-            else:
-                # On-policy, or made while the previous step learned (rl.async_level=1).
-                rollouts = ahead or collect(
-                    run, stream.next_batch(state), spec, state.step, state.step, more
-                )
-                lag = state.step - rollouts.version
-                if lag > rl.async_level:
-                    raise RuntimeError(f"samples {lag} policy versions old at step {state.step}")
-                ahead = None
-                # Not after a SIGTERM: the checkpoint must not wait for another rollout.
-                if rl.async_level and state.step + 1 < stage.max_steps and not stop.requested:
-                    # The engines still hold this step's weights: they sample the next step
-                    # while the learners update on this one.
-                    with ThreadPoolExecutor(1) as pool:
-                        learning = pool.submit(learn, run, rollouts)
-                        ahead = collect(
-                            run, stream.next_batch(state), spec, state.step + 1, state.step, more
-                        )
-                        metrics = learning.result()
+    try:
+        run.cfg = cfg  # reused actors serve this stage's prompts, sampling and reward
+        state, ahead = _resume(run, out)
+        tracker = Tracker.for_job(cfg, out, stage.name)
+        tracker.use_artifact(rl.mined, "dataset")
+        if stage.init_from:
+            tracker.use_artifact(stage.init_from, "model")
+        metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
+        stop = _StopOnSigterm()
+        print(
+            f"[{stage.name}] {len(data['train'])} train / {len(data['val'])} val prompts, "
+            f"{stage.kind}, from step {state.step} to {stage.max_steps}",
+            flush=True,
+        )
+        restarts = 0
+        while state.step < stage.max_steps and not state.stop_reason:
+            try:
+                t0, tables = time.time(), {}
+                more = partial(stream.next_batch, state)  # dynamic sampling's extra prompts
+                if stage.kind == "sft":
+                    batch = stream.next_batch(state)
+                    metrics = sft_step(run, batch)
                 else:
-                    metrics = learn(run, rollouts)
-                metrics |= {f"time/{k}": v for k, v in rollouts.seconds.items()}
-                metrics["policy_lag"] = lag
-                batch = [g.example for g in rollouts.groups]  # with dynamic sampling's prompts
-                tables["samples"] = _sample_rows(rollouts, state.step, rl.samples_logged)
-            state.step += 1
-            validating = state.step % rl.val_every == 0 or state.step == stage.max_steps
-            # The rollout workers need the new weights before they next generate: every GRPO
-            # step, but only for validation in a warm start (a 0.5B model's sync is ~40% of
-            # its warm-start step on CPU).
-            if stage.kind != "sft" or validating:
-                t_sync = time.time()
-                run.sync_weights()
-                metrics["time/sync"] = time.time() - t_sync
-            metrics["time/step"] = time.time() - t0
-            if validating:
-                metrics |= _evaluate(run, data["val"], spec, state, stage.patience)
-            metrics_log.write(state.step, metrics, [ex.id for ex in batch])
-            tracker.log(metrics, step=state.step, tables=tables)
-            print(_progress(stage.name, state, metrics), flush=True)
-            due = state.step % rl.save_every == 0 or state.step == stage.max_steps
-            if due or state.stop_reason or stop.requested:
-                _checkpoint(run, out, state, rl.keep_checkpoints, ahead)
-            if stop.requested:
-                # `ray job stop`, Kubernetes or a scheduler: keep the step just finished, then go.
-                print(f"[{stage.name}] SIGTERM: checkpoint at step {state.step}, exit", flush=True)
-                tracker.finish()
-                if owned:
-                    run.shutdown()
-                sys.exit(128 + signal.SIGTERM)
-        except RayActorError as err:
-            # A dead learner or rollout worker: new actors, back to the last checkpoint.
-            restarts += 1
-            if restarts > rl.max_restarts:
-                raise
-            print(
-                f"[{stage.name}] an actor died ({type(err).__name__}); restart {restarts}/"
-                f"{rl.max_restarts} from the last checkpoint",
-                flush=True,
-            )
+                    # On-policy, or made while the previous step learned (rl.async_level=1).
+                    rollouts = ahead or collect(
+                        run, stream.next_batch(state), spec, state.step, state.step, more
+                    )
+                    lag = state.step - rollouts.version
+                    if lag > rl.async_level:
+                        raise RuntimeError(
+                            f"samples {lag} policy versions old at step {state.step}"
+                        )
+                    ahead = None
+                    # Not after a SIGTERM: the checkpoint must not wait for another rollout.
+                    if rl.async_level and state.step + 1 < stage.max_steps and not stop.requested:
+                        # The engines still hold this step's weights: they sample the next step
+                        # while the learners update on this one.
+                        with ThreadPoolExecutor(1) as pool:
+                            learning = pool.submit(learn, run, rollouts)
+                            ahead = collect(
+                                run,
+                                stream.next_batch(state),
+                                spec,
+                                state.step + 1,
+                                state.step,
+                                more,
+                            )
+                            metrics = learning.result()
+                    else:
+                        metrics = learn(run, rollouts)
+                    metrics |= {f"time/{k}": v for k, v in rollouts.seconds.items()}
+                    metrics["policy_lag"] = lag
+                    batch = [g.example for g in rollouts.groups]  # with dynamic sampling's prompts
+                    tables["samples"] = _sample_rows(rollouts, state.step, rl.samples_logged)
+                state.step += 1
+                validating = state.step % rl.val_every == 0 or state.step == stage.max_steps
+                # The rollout workers need the new weights before they next generate: every GRPO
+                # step, but only for validation in a warm start (a 0.5B model's sync is ~40% of
+                # its warm-start step on CPU).
+                if stage.kind != "sft" or validating:
+                    t_sync = time.time()
+                    run.sync_weights()
+                    metrics["time/sync"] = time.time() - t_sync
+                metrics["time/step"] = time.time() - t0
+                if validating:
+                    metrics |= _evaluate(run, data["val"], spec, state, stage.patience)
+                metrics_log.write(state.step, metrics, [ex.id for ex in batch])
+                tracker.log(metrics, step=state.step, tables=tables)
+                print(_progress(stage.name, state, metrics), flush=True)
+                due = state.step % rl.save_every == 0 or state.step == stage.max_steps
+                if due or state.stop_reason or stop.requested:
+                    _checkpoint(run, out, state, rl.keep_checkpoints, ahead)
+                if stop.requested:
+                    # `ray job stop`, Kubernetes or a scheduler: keep the step just done, then go.
+                    print(
+                        f"[{stage.name}] SIGTERM: checkpoint at step {state.step}, exit", flush=True
+                    )
+                    tracker.finish()
+                    sys.exit(128 + signal.SIGTERM)
+            except RayActorError as err:
+                # A dead learner or rollout worker: new actors, back to the last checkpoint.
+                restarts += 1
+                if restarts > rl.max_restarts:
+                    raise
+                print(
+                    f"[{stage.name}] an actor died ({type(err).__name__}); restart {restarts}/"
+                    f"{rl.max_restarts} from the last checkpoint",
+                    flush=True,
+                )
+                run.shutdown()
+                run, owned = Run(cfg), True
+                state, ahead = _resume(run, out)
+                metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
+        final = out / "final"
+        run.learners.call("save_pretrained", str(final))
+        picker_spec(cfg).save(final)  # the prompt and passage cut inference must use
+        (out / "result.json").write_text(json.dumps(asdict(state), indent=2))
+        tracker.log_artifact(final, "model")
+        tracker.finish()
+        why = state.stop_reason or "max_steps"
+        print(f"[{stage.name}] done at step {state.step} ({why}); weights: {final}", flush=True)
+        return final
+    finally:  # whatever ended it (a SIGTERM's exit too): this call's handler and actors
+        if stop is not None:
+            stop.restore()
+        if owned:
             run.shutdown()
-            run, owned = Run(cfg), True
-            state, ahead = _resume(run, out)
-            metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
-    stop.restore()
-    final = out / "final"
-    run.learners.call("save_pretrained", str(final))
-    picker_spec(cfg).save(final)  # the prompt and passage cut inference must use
-    (out / "result.json").write_text(json.dumps(asdict(state), indent=2))
-    tracker.log_artifact(final, "model")
-    tracker.finish()
-    if owned:
-        run.shutdown()
-    why = state.stop_reason or "max_steps"
-    print(f"[{stage.name}] done at step {state.step} ({why}); weights: {final}", flush=True)
-    return final
 
 
 def _load_data(cfg: Config) -> dict[str, list[PickerExample]]:
@@ -244,6 +254,10 @@ def _resume(run: Run, out: Path) -> tuple[TrainState, Rollouts | None]:
     if not latest.exists():
         return TrainState(), None
     tag = latest.read_text().strip()
+    if not (out / "checkpoints" / tag).is_dir():  # DeepSpeed would only fail a bare assert
+        raise FileNotFoundError(
+            f"{latest} names checkpoint {tag!r}, which is not in {latest.parent}"
+        )
     client = run.learners.call("load_checkpoint", str(out / "checkpoints"), tag)[0]
     state = TrainState(**client["trainer"])
     run.sync_weights()
