@@ -25,7 +25,8 @@ utilities:
   data stats PATH [--format NAME] [--strict]   counts for a dataset file
   models prepare [NAME ...]                    prepare built-in models / shipped pickers (once)
   models list                                  built-in models and shipped pickers
-  models ship FINAL --name NAME [--max-rank R] copy a trained LoRA picker into the package
+  models ship FINAL --name NAME [--max-rank R] [--max-tokens N]
+                                               copy a trained LoRA picker into the package
   openapi [--write]                            the service's OpenAPI schema (docs/openapi.json)
 """
 
@@ -156,16 +157,22 @@ def _models(argv: list[str]) -> None:
         type=int,
         help="ship: cut the joined adapter to this rank (truncated SVD) to bound its size",
     )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help="ship: the output budget served, if not the one trained with (chosen on "
+        "validation: benchmarks/tune_picker_max_tokens.py)",
+    )
     args = parser.parse_args(argv)
     if args.action == "ship":
         if len(args.names) != 1 or not args.name:
             sys.exit(
                 "usage: ctxpick models ship FINAL_FOLDER --name NAME [--base ALIAS] "
-                "[--summary TEXT] [--max-rank R]"
+                "[--summary TEXT] [--max-rank R] [--max-tokens N]"
             )
         try:
             picker, cut_error = ship(
-                args.names[0], args.name, args.base, args.summary, args.max_rank
+                args.names[0], args.name, args.base, args.summary, args.max_rank, args.max_tokens
             )
         except (OSError, ValueError) as err:  # a folder that is not a LoRA stage's final/
             sys.exit(f"ctxpick models ship: {err}")

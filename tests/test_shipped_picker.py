@@ -6,6 +6,7 @@ real SmolLM2-135M base; the registry entry is the one `ctxpick models ship` prin
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -62,11 +63,11 @@ def registry(tmp_path, monkeypatch):
     shipped.SHIPPED.update(pinned)
 
 
-def _ship(root, name="tiny"):
+def _ship(root, name="tiny", **options):
     card = shipped.SHIPPED_DIR / name / shipped.CARD
     card.parent.mkdir(parents=True, exist_ok=True)
     card.write_text("# tiny\n")
-    picker, err = shipped.ship(root / "s2", name, BASE, "two stages, for the test")
+    picker, err = shipped.ship(root / "s2", name, BASE, "two stages, for the test", **options)
     assert err == 0.0  # no rank cut asked: exact
     shipped.SHIPPED[name] = picker
     return picker
@@ -80,6 +81,9 @@ def test_a_chain_of_stages_ships_as_one_adapter_whose_merge_is_the_chains(chain,
         with pytest.raises(ValueError, match="not a built-in alias"):
             shipped.ship(root / "s2", bad, BASE)
     picker = _ship(root)
+    assert (picker.folder / "picker.json").read_bytes() == (
+        root / "s2" / "picker.json"
+    ).read_bytes()
     entry = shipped.pin_entry(picker)
     assert all(d in entry for d in picker.sha256) and '"smollm2-135m"' in entry
     config = json.loads((picker.folder / shipped.ADAPTER_FILES[0]).read_text())
@@ -99,6 +103,18 @@ def test_a_chain_of_stages_ships_as_one_adapter_whose_merge_is_the_chains(chain,
     stamp = (shipped.prepared_picker_path(picker) / "model.safetensors").stat().st_mtime_ns
     assert shipped.picker_folder("tiny") == folder
     assert (shipped.prepared_picker_path(picker) / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_a_picker_ships_with_the_output_budget_chosen_for_it_and_nothing_else_changed(
+    chain, registry
+):
+    root, _ = chain
+    trained = load_spec(root / "s2")[1]
+    with pytest.raises(ValueError, match="max_tokens >= 1"):
+        _ship(root, max_tokens=0)
+    picker = _ship(root, max_tokens=trained.max_tokens + 32)
+    assert load_spec("tiny")[1] == replace(trained, max_tokens=trained.max_tokens + 32)
+    assert shipped.file_sha256(picker.folder / "picker.json") == picker.sha256[0]
 
 
 def test_a_changed_shipped_file_is_refused(chain, registry):

@@ -91,7 +91,7 @@ def picks_as_served(
     :meth:`Picker.pick_many`, the call the service makes, so the fallback on an output that
     does not parse is the served one and the kept passages come in the retriever's order.
     ``ranking``: the order the candidates come in (default: the evaluation's pool)."""
-    pools = [r.pool if ranking in (None, r.pool_retriever) else r.top(ranking) for r in items]
+    pools = [ranked_pool(r, ranking) for r in items]
     candidates = [
         [_candidate(r.item.passages[i]) for i in p] for r, p in zip(items, pools, strict=True)
     ]
@@ -120,6 +120,11 @@ def picks_as_served(
         )
         for sel, r, pool in zip(served, items, pools, strict=True)
     ]
+
+
+def ranked_pool(r: M.Retrieved, ranking: str | None = None) -> list[int]:
+    """The indices of ``r``'s pool in ``ranking``'s order (default: the evaluation's own)."""
+    return r.pool if ranking in (None, r.pool_retriever) else r.top(ranking)
 
 
 def _candidate(p: Passage) -> dict[str, str]:

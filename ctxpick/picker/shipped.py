@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ from ctxpick.engines.models import (
     resolve,
 )
 from ctxpick.paths import file_sha256
+from ctxpick.picker.spec import PickerSpec
 
 if TYPE_CHECKING:
     import torch
@@ -70,10 +71,10 @@ SHIPPED: dict[str, ShippedPicker] = {
         "qwen2.5-coder-0.5b",
         "Qwen2.5-Coder-0.5B + LoRA: warm start + Stage I, cross-encoder-ordered pool",
         (
-            "d374fea6221299a78108f9bd2c79a50c722348f76a9b8c093f5ab0cf04c02755",
+            "38afe0a02cd6820a20195812285a0ff2249793608b128c413755196e8b403d80",
             "425ab9b4c0cb9ad194f0726cfd07cef6052a4c82e1d869be8f13bcd98b5073ed",
             "ae645b7664cad5ecd46c78e34afa03dc8df42bb80df31fa0ace7005501af74a9",
-            "41f3f279d866458a279c62ffd863b790bb14e3e7bac6bea79c6996872e00d6ef",
+            "ca1006fcc2c526be8c42ea39890c05cf66f0242b2773fb4959457dd7b91c3c78",
         ),
     ),
 }
@@ -275,13 +276,20 @@ def _truncated(
 
 
 def ship(
-    final: str | Path, name: str, base: str, summary: str = "", max_rank: int | None = None
+    final: str | Path,
+    name: str,
+    base: str,
+    summary: str = "",
+    max_rank: int | None = None,
+    max_tokens: int | None = None,
 ) -> tuple[ShippedPicker, float]:
     """Put a trained LoRA stage's ``final/`` into the package as shipped picker ``name``: its
     ``picker.json`` and its chain's adapters joined into one for ``base``. The model card
     must be in place first (it is pinned too). ``max_rank``: see :func:`joined_adapter`.
-    Returns the entry to pin in :data:`SHIPPED` (:func:`pin_entry` writes it as code) and the
-    largest relative error the rank cut made (0: exact)."""
+    ``max_tokens``: the output budget served, when it is not the one trained with (chosen on
+    validation: ``benchmarks/tune_picker_max_tokens.py``). Returns the entry to pin in
+    :data:`SHIPPED` (:func:`pin_entry` writes it as code) and the largest relative error the
+    rank cut made (0: exact)."""
     if base not in BUILTINS:
         raise ValueError(f"base {base!r} is not a built-in model ({', '.join(BUILTINS)})")
     if max_rank is not None and max_rank < 1:
@@ -293,11 +301,14 @@ def ship(
         raise FileNotFoundError(f"write {dest / CARD} (the model card) before shipping")
     if not (final / "picker.json").is_file():
         raise FileNotFoundError(f"{final / 'picker.json'} is missing: ship a stage's final/")
+    spec = PickerSpec.load(final)
+    if max_tokens is not None:  # checked (>= 1) before any weight is read
+        spec = replace(spec, max_tokens=max_tokens)
     base_path = Path(resolve(base))
     chain = adapter_chain(final, base_path)
     adapter, err = joined_adapter(chain, BUILTINS[base].hf_name, max_rank)
     adapter.write(str(dest / ADAPTER))
-    shutil.copy(final / "picker.json", dest / "picker.json")
+    spec.save(dest)
     digests = tuple(file_sha256(dest / rel) for rel in SHIPPED_FILES)
     return ShippedPicker(name, base, summary, digests), err
 
