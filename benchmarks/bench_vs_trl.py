@@ -60,7 +60,6 @@ PICKERS = {
         "warmup_steps": 8,
         "init": None,
         "lr": 3e-5,
-        "lora": None,
         "trl_micro": 9,
         "overrides": ["experiment=demo"],
     },
@@ -68,15 +67,12 @@ PICKERS = {
         "warmup_steps": 0,
         "init": "ctxpick-picker-0.5b",
         "lr": 1e-4,
-        "lora": (16, 32.0),
         "trl_micro": 6,
-        "overrides": [
+        "overrides": [  # its LoRA (rank 16, alpha 32) is the ablation's
             "experiment=cpu_quality",
             "ablation=qwen_lora_dense",
             "retrieval.pool.retriever=bm25",  # the race's pools are BM25's (common.mined_file)
             "mining.pool.retriever=bm25",
-            "rl.learner.lora_rank=16",
-            "rl.learner.lora_alpha=32",
         ],
     },
 }
@@ -210,16 +206,16 @@ def trl(args: argparse.Namespace, out: Path, init: Path) -> list[dict]:
         # ctxpick's (rl.learner.grpo.tis_cap: null) does not: off, the same maths, and faster.
         vllm_importance_sampling_correction=args.trl_sampler_correction,
     )
-    lora = PICKERS[args.picker]["lora"]
+    lora = cfg.rl.learner  # ctxpick's learner's adapter, for TRL's PEFT path
     peft = (
         LoraConfig(
-            r=lora[0],
-            lora_alpha=lora[1],
+            r=lora.lora_rank,
+            lora_alpha=lora.lora_alpha,
             lora_dropout=0.0,
-            target_modules=list(cfg.rl.learner.lora_targets),
+            target_modules=list(lora.lora_targets),
             task_type="CAUSAL_LM",
         )
-        if lora
+        if lora.lora_rank
         else None
     )
     rows: list[dict] = []
