@@ -1,21 +1,24 @@
 """GRPO components against their plain references, in one run on the same inputs:
 
 * rollout workers (vLLM in a Ray actor, as the trainer drives them) vs plain in-process
-  ``vllm.LLM.generate`` -- generated tokens/s, same prompts and sampling;
+  ``vllm.LLM.generate`` -- generated tokens/s, same prompts and sampling, timed ``--rollouts``
+  times a side, the two sides alternating so that drift in the machine's speed hits both;
 * DeepSpeed learner (a Ray actor, GRPO step) vs a plain PyTorch bf16 forward/backward/AdamW
   step on the same sequences -- trained tokens/s;
 * weight sync (learner -> safetensors buckets -> in-place vLLM reload) as a share of the
   step, and the step-time split.
 
 Prompts are the picker's, on real HotpotQA pools (the bundled sample without ../shared).
-Run: .venv/bin/python benchmarks/bench_rl.py [--prompts 8 --group 6 --steps 3]
+Run: .venv/bin/python benchmarks/bench_rl.py [--prompts 8 --group 6 --steps 3 --rollouts 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
+from dataclasses import replace
 
 from common import data_file
 
@@ -47,7 +50,68 @@ def picker_chats(n: int) -> list:
     return chats
 
 
-def ours(chats: list, sampling: SamplingConfig, steps: int) -> dict:
+def plain_vllm() -> object:
+    """Plain in-process ``vllm.LLM``: the same engine settings as ctxpick's (CPU: whole
+    prefills, 2 GiB KV cache) and the same process layout: the engine core in this process (no
+    separate core process) on the same 2 OpenMP threads, as the rollout actor runs it."""
+    from vllm import LLM
+
+    from ctxpick.engines.models import resolve
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    cpu = {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
+    return LLM(
+        **cpu,
+        gpu_memory_utilization=0.5,
+        model=resolve(MODEL),
+        max_model_len=4096,
+        dtype="bfloat16",
+        seed=0,
+        enable_prefix_caching=True,
+        enforce_eager=True,
+    )
+
+
+def rollouts(engines, llm, chats: list, sampling: SamplingConfig, repeats: int) -> dict:
+    """Generated tokens/s of each side, ``repeats`` timed calls a side, alternating, each pair
+    with its own seed (so neither side replays a cached sample of the other's call)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from ctxpick.engines.vllm_engine import chat_prompt_ids
+
+    prompts = [
+        TokensPrompt(prompt_token_ids=chat_prompt_ids(llm.get_tokenizer(), c)) for c in chats
+    ]
+
+    def plain(seed: int) -> list:
+        params = SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            max_tokens=sampling.max_tokens,
+            seed=seed,
+            logprobs=0,
+        )
+        return [
+            c.token_ids for o in llm.generate(prompts, params, use_tqdm=False) for c in o.outputs
+        ]
+
+    def ctxpick(seed: int) -> list:
+        outs = engines.generate(chats, replace(sampling, seed=seed), batch_size=len(chats))
+        return [c.token_ids for o in outs for c in o]
+
+    ctxpick(sampling.seed)  # warm-up: a first call pays one-off costs on each side
+    plain(sampling.seed)
+    rates: dict = {"ours": [], "plain": []}
+    for r in range(repeats):
+        for side, gen in (("ours", ctxpick), ("plain", plain)):
+            t0 = time.time()
+            tokens = sum(map(len, gen(sampling.seed + 1 + r)))
+            rates[side].append(tokens / (time.time() - t0))
+    return rates
+
+
+def ours(chats: list, sampling: SamplingConfig, steps: int, repeats: int) -> dict:
     import ray
     import torch
 
@@ -61,16 +125,15 @@ def ours(chats: list, sampling: SamplingConfig, steps: int) -> dict:
         EngineConfig(num_cpus_per_actor=THREADS, max_model_len=4096, cpu_kv_cache_gb=2),
         logprobs_mode="processed_logprobs",
     )
-    engines.generate(chats[:1], sampling)  # warm-up
-    t0 = time.time()
+    llm = plain_vllm()
+    rates = rollouts(engines, llm, chats, sampling, repeats)
+    del llm
     outs = engines.generate(chats, sampling, batch_size=len(chats))
-    rollout_s = time.time() - t0
-    gen_tokens = sum(len(c.token_ids) for o in outs for c in o)
 
     learners = LearnerGroup(
         LearnerConfig(model=MODEL, num_cpus_per_actor=THREADS, micro_batch_size=8), lr=1e-6
     )
-    adv = torch.randn(gen_tokens and sum(len(o) for o in outs)).tolist()
+    adv = torch.randn(sum(len(o) for o in outs)).tolist()
     seqs = to_sequences([Group(None, o) for o in outs], adv)  # type: ignore[arg-type]
     learners.step("grpo_step", seqs, sampling.temperature)  # warm-up
     learn, sync = [], []
@@ -87,51 +150,12 @@ def ours(chats: list, sampling: SamplingConfig, steps: int) -> dict:
     trained = sum(len(s.ids) for s in seqs)
     return {
         "seqs": seqs,
-        "rollout_s": rollout_s,
-        "gen_tokens": gen_tokens,
+        "rates": rates,
+        "gen_tokens": sum(len(c.token_ids) for o in outs for c in o),
         "learn_s": min(learn),
         "sync_s": min(sync),
         "trained_tokens": trained,
     }
-
-
-def plain_vllm(chats: list, sampling: SamplingConfig) -> tuple[float, int]:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from ctxpick.engines.models import resolve
-    from ctxpick.engines.vllm_engine import chat_prompt_ids
-
-    # The same engine settings as ctxpick's (CPU: whole prefills, 2 GiB KV cache), and the
-    # same process layout: the engine core in this process (no separate core process) on the
-    # same 2 OpenMP threads, as the rollout actor runs it.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    cpu = {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
-    llm = LLM(
-        **cpu,
-        gpu_memory_utilization=0.5,
-        model=resolve(MODEL),
-        max_model_len=4096,
-        dtype="bfloat16",
-        seed=0,
-        enable_prefix_caching=True,
-        enforce_eager=True,
-    )
-    tok = llm.get_tokenizer()
-    prompts = [TokensPrompt(prompt_token_ids=chat_prompt_ids(tok, c)) for c in chats]
-    params = SamplingParams(
-        n=sampling.n,
-        temperature=sampling.temperature,
-        max_tokens=sampling.max_tokens,
-        seed=sampling.seed,
-        logprobs=0,
-    )
-    llm.generate(prompts[:1], params, use_tqdm=False)
-    t0 = time.time()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    secs = time.time() - t0
-    del llm
-    return secs, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
 
 def plain_torch(seqs: list, steps: int) -> float:
@@ -176,22 +200,27 @@ def plain_torch(seqs: list, steps: int) -> float:
     return min(times)
 
 
+def _span(xs: list) -> str:
+    return f"{min(xs):.0f}-{max(xs):.0f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=6)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rollouts", type=int, default=5, help="timed rollouts a side")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     chats = picker_chats(args.prompts)
     sampling = SamplingConfig(temperature=1.0, max_tokens=64, n=args.group, seed=0, logprobs=True)
-    r = ours(chats, sampling, args.steps)
-    vllm_s, vllm_tokens = plain_vllm(chats, sampling)
+    r = ours(chats, sampling, args.steps, args.rollouts)
     torch_s = plain_torch(r["seqs"], args.steps)
-    ours_tps, ref_tps = r["gen_tokens"] / r["rollout_s"], vllm_tokens / vllm_s
+    ours_tps, ref_tps = (statistics.median(r["rates"][k]) for k in ("ours", "plain"))
     learn_tps, torch_tps = r["trained_tokens"] / r["learn_s"], r["trained_tokens"] / torch_s
-    step_s = r["rollout_s"] + r["learn_s"] + r["sync_s"]
+    rollout_s = r["gen_tokens"] / ours_tps  # this batch at the median rate
+    step_s = rollout_s + r["learn_s"] + r["sync_s"]
     print(f"\n{args.prompts} picker prompts x {args.group} samples, {MODEL}, {THREADS} threads\n")
     print("| component | ours | reference | ratio | target |")
     print("|---|---|---|---|---|")
@@ -209,8 +238,14 @@ def main() -> None:
         print(f"| {name} | {a:.0f} | {b:.0f} ({ref}) | {a / b:.2f}x | {target} |")
     share = r["sync_s"] / step_s
     print(f"| weight sync s / step s | {r['sync_s']:.2f} | {step_s:.2f} | {share:.1%} | <= 10% |")
+    pairs = sorted(a / b for a, b in zip(r["rates"]["ours"], r["rates"]["plain"], strict=True))
     print(
-        f"\nstep split: rollout {r['rollout_s']:.1f}s ({r['rollout_s'] / step_s:.0%}), learn "
+        f"\nrollout tok/s over {args.rollouts} alternating calls a side (the table: medians): "
+        f"ours {_span(r['rates']['ours'])}, plain vLLM {_span(r['rates']['plain'])}; "
+        f"ratio per pair {', '.join(f'{x:.2f}' for x in pairs)}"
+    )
+    print(
+        f"\nstep split: rollout {rollout_s:.1f}s ({rollout_s / step_s:.0%}), learn "
         f"{r['learn_s']:.1f}s ({r['learn_s'] / step_s:.0%}), sync {r['sync_s']:.2f}s "
         f"({r['sync_s'] / step_s:.0%}); {r['trained_tokens']} trained tokens, "
         f"{r['gen_tokens']} generated"

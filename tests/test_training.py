@@ -27,13 +27,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     """A run root whose mine/mined.jsonl holds 4 train + 2 val real questions."""
-    root = tmp_path_factory.mktemp("train")
-    examples = load_examples(SAMPLES / "hotpotqa_distractor_30.jsonl", "hotpotqa").examples[:6]
+    return _mined_root(tmp_path_factory.mktemp("train"), train=4, val=2)
+
+
+def _mined_root(root, train, val):
+    examples = load_examples(SAMPLES / "hotpotqa_distractor_30.jsonl", "hotpotqa").examples
+    examples = examples[: train + val]
     chunked = Chunker(ChunkingConfig(method="window", window_words=40)).chunk_all(examples)
     # Ranked with the answer: these tests pin the learner and sync mechanics on pools whose
     # groups earn different rewards, not the pool order (tests/test_rl_units.py does that).
     pools = [PoolBuilder(PoolConfig(k=4, query="question_answer")).build(c) for c in chunked]
-    records = human_gold_records(pools, ["train"] * 4 + ["val"] * 2)
+    records = human_gold_records(pools, ["train"] * train + ["val"] * val)
     assert all(r["kept"] for r in records)
     (root / "mine").mkdir()
     (root / "mine" / "mined.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -190,6 +194,7 @@ def _train_or_free(cfg, run):
 
 
 ASYNC = ("rl.async_level=1", "rl.learner.grpo.tis_cap=2.0")
+WARM, ASYNC_STEPS = 2, 8
 
 
 def _resume_copy(ref, folder, step):
@@ -231,6 +236,21 @@ def test_async_rollouts_are_one_version_old_and_a_resume_trains_on_the_same(
         assert resumed[s]["policy_lag"] == 1
     assert _checksum(final) == pytest.approx(_checksum(ref / "final"), rel=1e-6)
     _drop_checkpoints(ref, root / "async_resumed")
+
+
+def test_async_rollouts_learn_the_validation_reward_rises(ray_cluster, tmp_path):
+    """rl.async_level=1 learns, not only runs: from a short warm start whose greedy outputs on
+    held-out questions are partly invalid, a GRPO stage that trains every step on rollouts one
+    policy version old raises the validation reward above the warm start's, on those same
+    held-out questions."""
+    root = _mined_root(tmp_path, train=8, val=8)
+    val = ("rl.val_size=8", "rl.val_every=100")
+    warm = train(tiny(root, "warm", "stage=warmup", f"stage.max_steps={WARM}", *val))
+    before = _steps(warm.parent)[WARM]["val/reward"]
+    args = (f"stage.init_from={warm}", f"stage.max_steps={ASYNC_STEPS}", *val, *ASYNC)
+    steps = _steps(train(tiny(root, "async", *args)).parent)
+    assert [steps[s]["policy_lag"] for s in sorted(steps)] == [0] + [1] * (ASYNC_STEPS - 1)
+    assert steps[ASYNC_STEPS]["val/reward"] > before
 
 
 def test_a_rerun_with_other_stage_settings_is_refused_and_the_same_reuses(run, root):
