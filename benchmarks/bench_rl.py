@@ -15,16 +15,23 @@ Run: .venv/bin/python benchmarks/bench_rl.py [--prompts 8 --group 6 --steps 3 --
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from common import data_file
 
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.picker.examples import truncate_words
 from ctxpick.picker.format import picker_chat
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+    from ctxpick.engines.ray_pool import EnginePool
 
 MODEL = "smollm2-135m"
 THREADS = 2
@@ -50,7 +57,7 @@ def picker_chats(n: int) -> list:
     return chats
 
 
-def plain_vllm() -> object:
+def plain_vllm() -> LLM:
     """Plain in-process ``vllm.LLM``: the same engine settings as ctxpick's (CPU: whole
     prefills, 2 GiB KV cache) and the same process layout: the engine core in this process (no
     separate core process) on the same 2 OpenMP threads, as the rollout actor runs it."""
@@ -72,43 +79,63 @@ def plain_vllm() -> object:
     )
 
 
-def rollouts(engines, llm, chats: list, sampling: SamplingConfig, repeats: int) -> dict:
-    """Generated tokens/s of each side, ``repeats`` timed calls a side, alternating, each pair
-    with its own seed (so neither side replays a cached sample of the other's call)."""
+def rollouts(
+    engines: EnginePool, llm: LLM, chats: list, sampling: SamplingConfig, repeats: int
+) -> tuple[dict[str, list[float]], list]:
+    """Generated tokens/s of each side over ``repeats`` timed calls a side. Each pair draws the
+    same samples on both sides (one seed per pair, turned into each prompt's own seed as the
+    rollout worker does), the side that goes first alternates, and every call starts with an
+    empty prefix cache, as a rollout after a weight sync does. Returns the rates and ours'
+    outputs of the warm-up call (``sampling.seed``)."""
+    import ray
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from ctxpick.engines.vllm_engine import chat_prompt_ids
+    from ctxpick.engines.vllm_engine import chat_prompt_ids, prompt_seeds
 
-    prompts = [
-        TokensPrompt(prompt_token_ids=chat_prompt_ids(llm.get_tokenizer(), c)) for c in chats
-    ]
+    ids = [chat_prompt_ids(llm.get_tokenizer(), c) for c in chats]
 
-    def plain(seed: int) -> list:
-        params = SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            max_tokens=sampling.max_tokens,
-            seed=seed,
-            logprobs=0,
-        )
+    def plain(seed: int) -> list[list[int]]:
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                max_tokens=sampling.max_tokens,
+                seed=s,
+                logprobs=0,
+            )
+            for s in prompt_seeds(seed, ids)
+        ]
+        llm.reset_prefix_cache()
+        prompts = [TokensPrompt(prompt_token_ids=x) for x in ids]
         return [
-            c.token_ids for o in llm.generate(prompts, params, use_tqdm=False) for c in o.outputs
+            list(c.token_ids)
+            for o in llm.generate(prompts, params, use_tqdm=False)
+            for c in o.outputs
         ]
 
-    def ctxpick(seed: int) -> list:
+    def ctxpick(seed: int, keep: list | None = None) -> list[list[int]]:
+        ray.get([a.reset_prefix_cache.remote() for a in engines.actors])
         outs = engines.generate(chats, replace(sampling, seed=seed), batch_size=len(chats))
+        if keep is not None:
+            keep.extend(outs)
         return [c.token_ids for o in outs for c in o]
 
-    ctxpick(sampling.seed)  # warm-up: a first call pays one-off costs on each side
-    plain(sampling.seed)
-    rates: dict = {"ours": [], "plain": []}
+    sides = {"ours": ctxpick, "plain": plain}
+    outs: list = []  # the learners train on the warm-up's samples
+    warm = {"ours": ctxpick(sampling.seed, outs), "plain": plain(sampling.seed)}
+    rates: dict[str, list[float]] = {"ours": [], "plain": []}
     for r in range(repeats):
-        for side, gen in (("ours", ctxpick), ("plain", plain)):
+        tokens = {}
+        for side in sorted(sides, reverse=r % 2 == 1):
             t0 = time.time()
-            tokens = sum(map(len, gen(sampling.seed + 1 + r)))
-            rates[side].append(tokens / (time.time() - t0))
-    return rates
+            tokens[side] = sides[side](sampling.seed + 1 + r)
+            rates[side].append(sum(map(len, tokens[side])) / (time.time() - t0))
+        if tokens["ours"] != tokens["plain"]:
+            print(f"pair {r + 1}: the two sides drew different samples")
+    if warm["ours"] != warm["plain"]:
+        print("warm-up: the two sides drew different samples")
+    return rates, outs
 
 
 def ours(chats: list, sampling: SamplingConfig, steps: int, repeats: int) -> dict:
@@ -126,9 +153,9 @@ def ours(chats: list, sampling: SamplingConfig, steps: int, repeats: int) -> dic
         logprobs_mode="processed_logprobs",
     )
     llm = plain_vllm()
-    rates = rollouts(engines, llm, chats, sampling, repeats)
+    rates, outs = rollouts(engines, llm, chats, sampling, repeats)
     del llm
-    outs = engines.generate(chats, sampling, batch_size=len(chats))
+    gc.collect()  # the plain engine's KV cache, before the learners start
 
     learners = LearnerGroup(
         LearnerConfig(model=MODEL, num_cpus_per_actor=THREADS, micro_batch_size=8), lr=1e-6
@@ -200,7 +227,7 @@ def plain_torch(seqs: list, steps: int) -> float:
     return min(times)
 
 
-def _span(xs: list) -> str:
+def _span(xs: list[float]) -> str:
     return f"{min(xs):.0f}-{max(xs):.0f}"
 
 
@@ -211,6 +238,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rollouts", type=int, default=5, help="timed rollouts a side")
     args = ap.parse_args()
+    if args.rollouts < 1:
+        ap.error("--rollouts must be >= 1")
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     chats = picker_chats(args.prompts)
@@ -238,11 +267,12 @@ def main() -> None:
         print(f"| {name} | {a:.0f} | {b:.0f} ({ref}) | {a / b:.2f}x | {target} |")
     share = r["sync_s"] / step_s
     print(f"| weight sync s / step s | {r['sync_s']:.2f} | {step_s:.2f} | {share:.1%} | <= 10% |")
-    pairs = sorted(a / b for a, b in zip(r["rates"]["ours"], r["rates"]["plain"], strict=True))
+    pairs = [a / b for a, b in zip(r["rates"]["ours"], r["rates"]["plain"], strict=True)]
     print(
         f"\nrollout tok/s over {args.rollouts} alternating calls a side (the table: medians): "
         f"ours {_span(r['rates']['ours'])}, plain vLLM {_span(r['rates']['plain'])}; "
-        f"ratio per pair {', '.join(f'{x:.2f}' for x in pairs)}"
+        f"ratio per pair in run order {', '.join(f'{x:.2f}' for x in pairs)} "
+        f"(median {statistics.median(pairs):.2f})"
     )
     print(
         f"\nstep split: rollout {rollout_s:.1f}s ({rollout_s / step_s:.0%}), learn "
