@@ -247,11 +247,13 @@ def test_async_rollouts_learn_the_validation_reward_rises(ray_cluster, tmp_path)
     root = _mined_root(tmp_path, train=8, val=8)
     val = ("rl.val_size=8", "rl.val_every=100")
     warm = train(tiny(root, "warm", "stage=warmup", f"stage.max_steps={WARM}", *val))
-    before = _steps(warm.parent)[WARM]
-    assert 0 < before["val/format_valid"] < 1
-    args = (f"stage.init_from={warm}", f"stage.max_steps={ASYNC_STEPS}", *val, *ASYNC)
-    steps = _steps(train(tiny(root, "async", *args)).parent)
-    _drop_checkpoints(warm.parent, root / "async")
+    try:
+        before = _steps(warm.parent)[WARM]
+        assert 0 < before["val/format_valid"] < 1
+        args = (f"stage.init_from={warm}", f"stage.max_steps={ASYNC_STEPS}", *val, *ASYNC)
+        steps = _steps(train(tiny(root, "async", *args)).parent)
+    finally:
+        _drop_checkpoints(warm.parent, root / "async")
     assert [steps[s]["policy_lag"] for s in sorted(steps)] == [0] + [1] * (ASYNC_STEPS - 1)
     assert steps[ASYNC_STEPS]["val/reward"] > before["val/reward"]
 

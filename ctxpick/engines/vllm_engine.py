@@ -154,9 +154,10 @@ class VLLMEngine:
             for out in outputs
         ]
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prompt prefix (stale weights; a benchmark's fair second pass)."""
-        self.llm.reset_prefix_cache()
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt prefix (stale weights; a benchmark's fair second pass).
+        False when vLLM could not: blocks still in use keep the cache (it only logs that)."""
+        return self.llm.reset_prefix_cache()
 
     def load_weights(self, buckets: list[bytes]) -> float:
         """Replace the weights in place with the learner's safetensors ``buckets`` (see
