@@ -117,22 +117,16 @@ def rollouts(
             for c in o.outputs
         ]
 
-    def ctxpick(seed: int, keep: list | None = None) -> Callable[[], list[list[int]]]:
+    def ctxpick(seed: int) -> Callable[[], list[list[int]]]:
         if not all(ray.get([a.reset_prefix_cache.remote() for a in engines.actors])):
             raise RuntimeError("the rollout worker kept its prefix cache")
-
-        def generate() -> list[list[int]]:
-            outs = engines.generate(chats, replace(sampling, seed=seed), batch_size=len(chats))
-            if keep is not None:
-                keep.extend(outs)
-            return [c.token_ids for o in outs for c in o]
-
-        return generate
+        batch = replace(sampling, seed=seed)
+        return lambda: [c.token_ids for o in engines.generate(chats, batch, len(chats)) for c in o]
 
     # Each side's call is prepared (cache emptied, seeds drawn) outside its timed window.
     sides = {"ours": ctxpick, "plain": plain}
-    outs: list = []  # the learners train on the warm-up's samples
-    warm = {"ours": ctxpick(sampling.seed, outs)(), "plain": plain(sampling.seed)()}
+    outs = engines.generate(chats, sampling, batch_size=len(chats))  # what the learners train on
+    warm = {"ours": [c.token_ids for o in outs for c in o], "plain": plain(sampling.seed)()}
     rates: dict[str, list[float]] = {"ours": [], "plain": []}
     same = warm["ours"] == warm["plain"]
     for r in range(repeats):
