@@ -2,6 +2,7 @@
 DeepSpeed learner on the loopback Ray cluster, on real HotpotQA questions."""
 
 import json
+import os
 import shutil
 from dataclasses import replace
 
@@ -202,7 +203,9 @@ def _resume_copy(ref, folder, step):
     ignore = shutil.ignore_patterns("final", "checkpoints")
     shutil.copytree(ref, folder, symlinks=True, ignore=ignore)
     kept = f"checkpoints/step{step}"
-    shutil.copytree(ref / kept, folder / kept, symlinks=True)
+    # Hard links, not copies of GBs of optimizer state: a stage writes each checkpoint into a
+    # new folder, never into an old one, so the reference's stays as it was.
+    shutil.copytree(ref / kept, folder / kept, symlinks=True, copy_function=os.link)
     (folder / "checkpoints" / "latest").write_text(f"step{step}")
     with (folder / "metrics.jsonl").open("a") as fh:
         fh.write('{"step": 4, "reward": 0.')
