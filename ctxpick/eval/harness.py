@@ -30,7 +30,7 @@ from ctxpick.judge.rules import exact_match, token_f1
 from ctxpick.picker.selection import apply_budget, passage_tokens, token_counter
 from ctxpick.picker.shipped import SHIPPED, check_shipped, picker_folder
 from ctxpick.retrieval.chunking import Chunker
-from ctxpick.retrieval.pools import PoolBuilder
+from ctxpick.retrieval.pools import PoolBuilder, with_progress
 from ctxpick.tracking import Tracker
 
 
@@ -81,7 +81,7 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
         )
 
     out = []
-    for n, item in enumerate(chunked, 1):
+    for item in with_progress(chunked, "retrieved"):
         bm25 = pools.bm25_scores(item)
         dense = pools.dense_scores(item) if wanted("dense") else None
         cross = None
@@ -92,8 +92,6 @@ def retrieve(cfg: Config) -> list[M.Retrieved]:
         r = M.Retrieved(item, bm25, [], dense, by, cross, reranked)
         r.pool = r.top(by, cfg.retrieval.pool.k)
         out.append(r)
-        if n % 100 == 0 or n == len(chunked):
-            print(f"  retrieved {n}/{len(chunked)}", flush=True)
     return out
 
 

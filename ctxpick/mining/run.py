@@ -19,7 +19,7 @@ from ctxpick.mining.job import WorkerSpec, mine_pools
 from ctxpick.mining.report import render, summarize
 from ctxpick.mining.rewrites import assign_split
 from ctxpick.retrieval.chunking import Chunker
-from ctxpick.retrieval.pools import PoolBuilder
+from ctxpick.retrieval.pools import PoolBuilder, with_progress
 from ctxpick.tracking import Tracker
 
 T = TypeVar("T", Example, Pool)
@@ -121,11 +121,8 @@ def run_mining(cfg: Config) -> dict[str, dict[str, Any]]:
     todo = [ex for ex in examples if ex.id not in finished]
     if len(todo) < len(examples):
         print(f"  {len(examples) - len(todo)} questions already mined: pools not rebuilt")
-    builder, pools = PoolBuilder(cfg.mining.pool), []
-    for n, item in enumerate(Chunker(cfg.retrieval.chunking).chunk_all(todo), 1):
-        pools.append(builder.build(item))
-        if n % 100 == 0 or n == len(todo):  # cross-encoder pools: 712 took 9 minutes here
-            print(f"  pools {n}/{len(todo)}", flush=True)
+    builder, chunked = PoolBuilder(cfg.mining.pool), Chunker(cfg.retrieval.chunking).chunk_all(todo)
+    pools = [builder.build(item) for item in with_progress(chunked, "pools")]
 
     tracker = Tracker.for_job(cfg, out, "mine")
     if cfg.mining.miner == "human":

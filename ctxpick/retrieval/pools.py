@@ -4,6 +4,7 @@ the question plus its gold answer (mining, so the pool very likely holds the evi
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,3 +130,12 @@ class PoolBuilder:
             gold_pids=item.gold_pids,
             meta=dict(ex.meta),
         )
+
+
+def with_progress(items: Sequence[ChunkedExample], label: str) -> Iterator[ChunkedExample]:
+    """``items``, printing ``label n/N`` every 100 and at the end: scoring a pool takes up to a
+    second with the cross-encoder (712 took 9 minutes here)."""
+    for n, item in enumerate(items, 1):
+        yield item
+        if n % 100 == 0 or n == len(items):
+            print(f"  {label} {n}/{len(items)}", flush=True)
