@@ -39,7 +39,10 @@ def ray_cluster():
     from ctxpick.engines.ray_pool import use_loopback
 
     use_loopback()  # tests only ever use 127.0.0.1
-    node = {"num_cpus": 3, "node_ip_address": "127.0.0.1", "object_store_memory": 300 << 20}
+    # Logical CPUs, twice the machine's cores: an actor runs as many threads as CPUs it holds,
+    # so engines and learners take 2 (both cores: they mostly take turns) and a test's actors
+    # still fit beside the session's shared engine.
+    node = {"num_cpus": 6, "node_ip_address": "127.0.0.1", "object_store_memory": 300 << 20}
     cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     cluster.add_node(**node)
     ray.init(address=cluster.address)
@@ -55,6 +58,6 @@ def engine_actor(ray_cluster):
 
     from ctxpick.engines.vllm_engine import start_engine_actor
 
-    actor = start_engine_actor("smollm2-135m", num_cpus=1, max_model_len=4096, cpu_kv_cache_gb=2)
+    actor = start_engine_actor("smollm2-135m", num_cpus=2, max_model_len=4096, cpu_kv_cache_gb=2)
     yield actor
     ray.kill(actor)

@@ -139,13 +139,13 @@ def test_stopped_stage_checkpoints_and_a_resubmission_resumes(jobs, mined, tmp_p
     assert stopped_at >= 2 and (out / "checkpoints" / "latest").exists()
     assert not (out / "final").exists()
 
-    again = _submit(jobs, "train", *_stage(out, mined, stopped_at + 2))
+    again = _submit(jobs, "train", *_stage(out, mined, stopped_at + 1))
     assert _wait(jobs, again) == "SUCCEEDED", jobs.get_job_logs(again)[-3000:]
     logs = jobs.get_job_logs(again)
-    assert f"at step {stopped_at}" in logs and f"step {stopped_at + 2} " in logs
+    assert f"at step {stopped_at}" in logs and f"step {stopped_at + 1} " in logs
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, stopped_at + 3))  # every step once, none lost or doubled
-    assert json.loads((out / "result.json").read_text())["step"] == stopped_at + 2
+    assert steps == list(range(1, stopped_at + 2))  # every step once, none lost or doubled
+    assert json.loads((out / "result.json").read_text())["step"] == stopped_at + 1
     assert (out / "final" / "picker.json").exists()
 
 
@@ -174,7 +174,7 @@ def test_a_sweep_trains_its_points_concurrently_each_in_its_own_placement_group(
 
     sweep = tmp_path / "sweep"
     job = _submit(
-        jobs, "sweep", *_stage(tmp_path / "unused", mined, 2, stage="stage2"),
+        jobs, "sweep", *_stage(tmp_path / "unused", mined, 1, stage="stage2"),
         "stage.init_from=null", "stage.group_size=4", "stage.redundancy_margin=0,1",
         f"hydra.sweep.dir={sweep}", "wandb.mode=offline",
     )  # fmt: skip
@@ -196,7 +196,7 @@ def test_a_sweep_trains_its_points_concurrently_each_in_its_own_placement_group(
     points = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [p.name for p in points] == ["0", "1"]
     for point, margin in zip(points, (0, 1), strict=True):
-        assert json.loads((point / "result.json").read_text())["step"] == 2
+        assert json.loads((point / "result.json").read_text())["step"] == 1
         assert (point / "final" / "picker.json").exists()
         [record] = (point / "wandb").glob("offline-run-*/run-*.wandb")
         config = record.read_bytes()  # the run's config, as JSON values

@@ -59,6 +59,8 @@ def tiny(root, name, *overrides):
             "stage.lr=1e-4",
             "rl.rollout.max_model_len=2048",
             "rl.rollout.cpu_kv_cache_gb=1",
+            "rl.rollout.num_cpus_per_actor=2",  # both cores: threads follow CPUs
+            "rl.learner.num_cpus_per_actor=2",
             "rl.learner.micro_batch_size=4",
             "rl.val_size=2",
             "wandb.mode=disabled",
@@ -194,7 +196,13 @@ def _train_or_free(cfg, run):
         raise
 
 
-ASYNC = ("rl.async_level=1", "rl.learner.grpo.tis_cap=2.0")
+# The engine samples while the learner learns: a core each, not both oversubscribed.
+ASYNC = (
+    "rl.async_level=1",
+    "rl.learner.grpo.tis_cap=2.0",
+    "rl.rollout.num_cpus_per_actor=1",
+    "rl.learner.num_cpus_per_actor=1",
+)
 WARM, ASYNC_STEPS = 2, 8
 
 
@@ -211,54 +219,47 @@ def _resume_copy(ref, folder, step):
         fh.write('{"step": 4, "reward": 0.')
 
 
-def test_async_rollouts_are_one_version_old_and_a_resume_trains_on_the_same(
-    ray_cluster, root, capsys
-):
+def test_async_rollouts_learn_and_a_resume_trains_on_the_same(ray_cluster, tmp_path, capsys):
     """rl.async_level=1: step t+1's rollouts are sampled while step t learns, by the weights
-    before step t. No sample is more than one version old (the first step's none), and a
-    resume trains on the rollouts its checkpoint carries (sampled by a policy it no longer
-    holds): the uninterrupted run's batches, rewards and final weights. The resume also loses
-    a rollout worker while it samples step 4 beside step 3's update: the stage
-    restarts from the step-2 checkpoint, whose rollouts it then trains on."""
-    args = ("stage.max_steps=4", "rl.val_every=100", "rl.save_every=1", *ASYNC)
-    cfg = tiny(root, "async", *args, "rl.keep_checkpoints=4")
-    fresh = Run(cfg)  # the initial weights, like the other references'
-    ref = _train_or_free(cfg, fresh).parent
-    steps = _steps(ref)
-    assert [steps[s]["policy_lag"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
-    _resume_copy(ref, root / "async_resumed", 1)
-    cfg = tiny(root, "async_resumed", *args, "rl.max_restarts=1")
-    _kill_after_checkpoint(fresh.engines.actors[0], root / "async_resumed", 2)
-    final = _train_or_free(cfg, fresh)  # train() replaces `fresh` after the kill
-    assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
-    resumed = _steps(root / "async_resumed")
-    assert sorted(resumed) == [1, 2, 3, 4]
-    for s in (2, 3, 4):
-        assert resumed[s]["batch"] == steps[s]["batch"]
-        assert resumed[s]["reward"] == steps[s]["reward"]
-        assert resumed[s]["policy_lag"] == 1
-    assert _checksum(final) == pytest.approx(_checksum(ref / "final"), rel=1e-6)
-    _drop_checkpoints(ref, root / "async_resumed")
-
-
-def test_async_rollouts_learn_the_validation_reward_rises(ray_cluster, tmp_path):
-    """rl.async_level=1 learns, not only runs: from a short warm start whose greedy outputs on
-    held-out questions are partly invalid, a GRPO stage that trains every step on rollouts one
-    policy version old raises the validation reward above the warm start's, on those same
-    held-out questions and under the same reward (2026-12-02: -0.312 with 38% valid, then
-    +1.000 with 100% valid after 8 steps)."""
+    before step t. It learns, not only runs: from a short warm start whose greedy outputs on
+    held-out questions are partly invalid, a stage that trains every step on rollouts one
+    policy version old (the first step's none) raises the validation reward above the warm
+    start's, on those same questions and under the same reward (2026-12-02: -0.312 with 38%
+    valid, then +1.000 with 100% valid after 8 steps).
+    Then a resume from its step-5 checkpoint trains on the rollouts that checkpoint carries
+    (sampled by a policy it no longer holds): the uninterrupted run's batches, rewards and
+    final weights. The resume also loses a rollout worker while it samples step 8 beside step
+    7's update: the stage restarts from the step-6 checkpoint, whose rollouts it then trains
+    on."""
     root = _mined_root(tmp_path, train=8, val=8)
     val = ("rl.val_size=8", "rl.val_every=100")
     warm = train(tiny(root, "warm", "stage=warmup", f"stage.max_steps={WARM}", *val))
+    before = _steps(warm.parent)[WARM]
+    assert 0 < before["val/format_valid"] < 1
+    args = (f"stage.init_from={warm}", f"stage.max_steps={ASYNC_STEPS}", *val, *ASYNC)
+    args += ("rl.save_every=1",)
     try:
-        before = _steps(warm.parent)[WARM]
-        assert 0 < before["val/format_valid"] < 1
-        args = (f"stage.init_from={warm}", f"stage.max_steps={ASYNC_STEPS}", *val, *ASYNC)
-        steps = _steps(train(tiny(root, "async", *args)).parent)
+        ref = train(tiny(root, "async", *args, "rl.keep_checkpoints=4")).parent
+        steps = _steps(ref)
+        assert [steps[s]["policy_lag"] for s in sorted(steps)] == [0] + [1] * (ASYNC_STEPS - 1)
+        assert steps[ASYNC_STEPS]["val/reward"] > before["val/reward"]
+
+        resume_at = ASYNC_STEPS - 3
+        _resume_copy(ref, root / "async_resumed", resume_at)
+        cfg = tiny(root, "async_resumed", *args, "rl.max_restarts=1")
+        victim = Run(cfg)  # train() replaces it after the kill
+        _kill_after_checkpoint(victim.engines.actors[0], root / "async_resumed", resume_at + 1)
+        final = _train_or_free(cfg, victim)
+        assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
+        resumed = _steps(root / "async_resumed")
+        assert sorted(resumed) == list(range(1, ASYNC_STEPS + 1))
+        for s in range(resume_at + 1, ASYNC_STEPS + 1):
+            assert resumed[s]["batch"] == steps[s]["batch"]
+            assert resumed[s]["reward"] == steps[s]["reward"]
+            assert resumed[s]["policy_lag"] == 1
+        assert _checksum(final) == pytest.approx(_checksum(ref / "final"), rel=1e-6)
     finally:
-        _drop_checkpoints(warm.parent, root / "async")
-    assert [steps[s]["policy_lag"] for s in sorted(steps)] == [0] + [1] * (ASYNC_STEPS - 1)
-    assert steps[ASYNC_STEPS]["val/reward"] > before["val/reward"]
+        _drop_checkpoints(warm.parent, root / "async", root / "async_resumed")
 
 
 def test_a_rerun_with_other_stage_settings_is_refused_and_the_same_reuses(run, root):
@@ -422,7 +423,9 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
     sync -- merged into their weights, or served by vLLM's LoRA support -- yet sample from the
     learner's policy within the full-weight sync's tolerance (the test above); final/ holds
     the merged weights and the adapter alone; a stage resumed into fresh actors serves the
-    checkpoint's adapter, not the base model."""
+    checkpoint's adapter, not the base model. The resume is checked once, under CPU's default
+    (merge): a resume's sync is the same call as the first sync into fresh engines, which
+    both modes pass above."""
     from safetensors.torch import load_file
 
     from ctxpick.engines.base import SamplingConfig
@@ -468,6 +471,9 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
     assert torch.allclose(merged.float(), expected, rtol=2**-7, atol=0)
     assert not torch.allclose(base.float(), expected, rtol=2**-7, atol=0), "the adapter trained"
     assert not (final / "adapter_config.json").exists()  # final/ loads as a plain model
+    if serving == "lora":
+        _drop_checkpoints(out)
+        return
 
     resumed = Run(cfg)  # as after a crash: fresh engines, serving the base model
     try:
