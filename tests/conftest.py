@@ -39,9 +39,9 @@ def ray_cluster():
     from ctxpick.engines.ray_pool import use_loopback
 
     use_loopback()  # tests only ever use 127.0.0.1
-    # Logical CPUs, twice the machine's cores: an actor runs as many threads as CPUs it holds,
-    # so engines and learners take 2 (both cores: they mostly take turns) and a test's actors
-    # still fit beside the session's shared engine.
+    # Logical CPUs, 12 in all on a 2-core machine: an actor runs as many threads as CPUs it
+    # holds, so the shared engine and the main job's engines and learners take 2 (both cores:
+    # they mostly take turns) and a test's actors still fit beside them.
     node = {"num_cpus": 6, "node_ip_address": "127.0.0.1", "object_store_memory": 300 << 20}
     cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     cluster.add_node(**node)

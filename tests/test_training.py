@@ -59,8 +59,6 @@ def tiny(root, name, *overrides):
             "stage.lr=1e-4",
             "rl.rollout.max_model_len=2048",
             "rl.rollout.cpu_kv_cache_gb=1",
-            "rl.rollout.num_cpus_per_actor=2",  # both cores: threads follow CPUs
-            "rl.learner.num_cpus_per_actor=2",
             "rl.learner.micro_batch_size=4",
             "rl.val_size=2",
             "wandb.mode=disabled",
@@ -196,13 +194,7 @@ def _train_or_free(cfg, run):
         raise
 
 
-# The engine samples while the learner learns: a core each, not both oversubscribed.
-ASYNC = (
-    "rl.async_level=1",
-    "rl.learner.grpo.tis_cap=2.0",
-    "rl.rollout.num_cpus_per_actor=1",
-    "rl.learner.num_cpus_per_actor=1",
-)
+ASYNC = ("rl.async_level=1", "rl.learner.grpo.tis_cap=2.0")
 WARM, ASYNC_STEPS = 2, 8
 
 
@@ -226,27 +218,27 @@ def test_async_rollouts_learn_and_a_resume_trains_on_the_same(ray_cluster, tmp_p
     policy version old (the first step's none) raises the validation reward above the warm
     start's, on those same questions and under the same reward (2026-12-02: -0.312 with 38%
     valid, then +1.000 with 100% valid after 8 steps).
-    Then a resume from its step-5 checkpoint trains on the rollouts that checkpoint carries
-    (sampled by a policy it no longer holds): the uninterrupted run's batches, rewards and
-    final weights. The resume also loses a rollout worker while it samples step 8 beside step
-    7's update: the stage restarts from the step-6 checkpoint, whose rollouts it then trains
-    on."""
+    Then a resume from its step-4 checkpoint, at the end of the first epoch (8 prompts, 2 a
+    step), trains on the rollouts that checkpoint carries, drawn from the next epoch by a
+    policy it no longer holds: the uninterrupted run's batches, rewards and final weights.
+    The resume also loses a rollout worker while it samples step 7 beside step 6's update:
+    the stage restarts from the step-5 checkpoint, whose rollouts it then trains on."""
     root = _mined_root(tmp_path, train=8, val=8)
     val = ("rl.val_size=8", "rl.val_every=100")
     warm = train(tiny(root, "warm", "stage=warmup", f"stage.max_steps={WARM}", *val))
-    before = _steps(warm.parent)[WARM]
-    assert 0 < before["val/format_valid"] < 1
-    args = (f"stage.init_from={warm}", f"stage.max_steps={ASYNC_STEPS}", *val, *ASYNC)
-    args += ("rl.save_every=1",)
+    resume_at = 4
     try:
-        ref = train(tiny(root, "async", *args, "rl.keep_checkpoints=4")).parent
+        before = _steps(warm.parent)[WARM]
+        assert 0 < before["val/format_valid"] < 1
+        args = (f"stage.init_from={warm}", f"stage.max_steps={ASYNC_STEPS}", *val, *ASYNC)
+        # The reference checkpoints only where the resume starts (and at its end).
+        ref_cfg = tiny(root, "async", *args, f"rl.save_every={resume_at}", "rl.keep_checkpoints=2")
+        ref = train(ref_cfg).parent
         steps = _steps(ref)
         assert [steps[s]["policy_lag"] for s in sorted(steps)] == [0] + [1] * (ASYNC_STEPS - 1)
-        assert steps[ASYNC_STEPS]["val/reward"] > before["val/reward"]
 
-        resume_at = ASYNC_STEPS - 3
         _resume_copy(ref, root / "async_resumed", resume_at)
-        cfg = tiny(root, "async_resumed", *args, "rl.max_restarts=1")
+        cfg = tiny(root, "async_resumed", *args, "rl.save_every=1", "rl.max_restarts=1")
         victim = Run(cfg)  # train() replaces it after the kill
         _kill_after_checkpoint(victim.engines.actors[0], root / "async_resumed", resume_at + 1)
         final = _train_or_free(cfg, victim)
@@ -260,6 +252,7 @@ def test_async_rollouts_learn_and_a_resume_trains_on_the_same(ray_cluster, tmp_p
         assert _checksum(final) == pytest.approx(_checksum(ref / "final"), rel=1e-6)
     finally:
         _drop_checkpoints(warm.parent, root / "async", root / "async_resumed")
+    assert steps[ASYNC_STEPS]["val/reward"] > before["val/reward"]
 
 
 def test_a_rerun_with_other_stage_settings_is_refused_and_the_same_reuses(run, root):
@@ -411,8 +404,11 @@ def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
     cold, cold_prob = gap(0.7)
     untempered, _ = gap(0.7, learner_t=1.0)
     print(f"log-prob gap at T=0.7: {cold.mean():.4f} (learner at T=1: {untempered.mean():.4f})")
+    print(f"median {cold.median():.6f} (learner at T=1: {untempered.median():.6f})")
     assert cold_prob.mean() < 0.01 and cold.median() < 0.03
-    assert untempered.mean() > 2 * cold.mean()
+    # Medians: one unlikely token's kernel noise can outweigh the mean (CI, 2026-12-03: a
+    # single 0.47 gap at T=0.7 made its mean 0.017 beside the untempered 0.018).
+    assert untempered.median() > 2 * cold.median()
 
 
 @pytest.mark.parametrize("serving", ["merge", "lora"])
@@ -453,7 +449,8 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
 
         final = out / "final"
         run.learners.call("save_pretrained", str(final))
-        _checkpoint(run, out, TrainState(step=3), keep=1, ahead=None)
+        if serving == "merge":  # the resume below
+            _checkpoint(run, out, TrainState(step=3), keep=1, ahead=None)
     finally:
         run.shutdown()
     # final/: merged weights = base + (alpha / r) B A, and the adapter alone beside them.
@@ -472,7 +469,6 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
     assert not torch.allclose(base.float(), expected, rtol=2**-7, atol=0), "the adapter trained"
     assert not (final / "adapter_config.json").exists()  # final/ loads as a plain model
     if serving == "lora":
-        _drop_checkpoints(out)
         return
 
     resumed = Run(cfg)  # as after a crash: fresh engines, serving the base model
