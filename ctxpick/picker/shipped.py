@@ -74,7 +74,7 @@ SHIPPED: dict[str, ShippedPicker] = {
             "38afe0a02cd6820a20195812285a0ff2249793608b128c413755196e8b403d80",
             "425ab9b4c0cb9ad194f0726cfd07cef6052a4c82e1d869be8f13bcd98b5073ed",
             "ae645b7664cad5ecd46c78e34afa03dc8df42bb80df31fa0ace7005501af74a9",
-            "61dac492de3c44e05ecc5a2a02dee00a6327c64d3da8081bd1e3b6b55fbd6b42",
+            "e942377232c40b58f4fa87fb301e782b33d84e9db9a9aa09ebe2d6c48deacedc",
         ),
     ),
 }
