@@ -22,38 +22,20 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
-from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
+from common import picker_validation_set
 from transformers import AutoTokenizer
 
-from ctxpick.config import Config, DataSource, compose
 from ctxpick.engines.base import SamplingConfig
-from ctxpick.engines.ray_pool import EnginePool, init_ray
-from ctxpick.eval.harness import retrieve
-from ctxpick.eval.picking import picker_ranking, ranked_pool
+from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.picker.diagnostics import set_f1
 from ctxpick.picker.format import InvalidPick, parse_pick
-from ctxpick.picker.inference import generate_picks, load_spec
+from ctxpick.picker.inference import generate_picks
 from ctxpick.picker.selection import fallback_passages
-from ctxpick.picker.shipped import picker_folder
 
 GRID = (64, 80, 96, 112, 128, 160, 192, 256)
 MAX_INVALID = 0.02
-PER_SOURCE = {"locomo": 40, "multifieldqa_en": 40}  # the rest: 30 validation questions each
-
-
-def validation_sources(cfg: Config) -> list[DataSource]:
-    """The dev-file questions after those each evaluation source reads."""
-    out = []
-    for src in cfg.demo.eval_sources:
-        if src.limit is None:
-            raise SystemExit(f"{src.path}: the evaluation reads all of it, none is left over")
-        out.append(
-            replace(src, offset=src.offset + src.limit, limit=PER_SOURCE.get(src.format, 30))
-        )
-    return out
 
 
 def main() -> None:
@@ -63,19 +45,7 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     if args.cap < max(GRID):
         parser.error(f"--cap {args.cap}: at least the grid's largest budget, {max(GRID)}")
-    cfg = compose(overrides)
-    folder = picker_folder(args.picker)
-    cfg = replace(
-        cfg,
-        data=replace(cfg.data, sources=validation_sources(cfg)),
-        eval=replace(cfg.eval, methods=["picker"], pickers={"tuned": folder}),
-    )
-    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)  # rejected records go there
-    init_ray(cfg.ray.address, cfg.ray.num_cpus)
-    items = retrieve(cfg)
-    _, spec = load_spec(folder)
-    ranking = picker_ranking(cfg, folder)  # the order it was trained to read, as eval shows it
-    pools = [[r.item.passages[i] for i in ranked_pool(r, ranking)] for r in items]
+    cfg, folder, spec, items, pools = picker_validation_set(args.picker, overrides)
     engine = EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed)
     try:
         outs = generate_picks(
