@@ -230,7 +230,8 @@ def test_ctxpick_serve_answers_with_the_shipped_picker_by_default_and_it_reads(r
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # The 12 picks go at once and wait for one batch: a deadline well past a slow machine's.
+    # The 12 picks go at once, and the replica batches what has arrived: a deadline well past
+    # a slow machine's batch.
     cfg = compose(
         ["retrieval=crossenc", f"serve.port={port}", "serve.audit.path=", "serve.timeout_s=600"]
     )
@@ -251,7 +252,9 @@ def test_ctxpick_serve_answers_with_the_shipped_picker_by_default_and_it_reads(r
     url = start(cfg.serve, blocking=False)
     try:
         card = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]
-        client = PickerClient(url, timeout_s=600)
+        # Past the server's deadline, so a slow batch answers with its deadline fallback instead
+        # of the client timing out and resending the pick.
+        client = PickerClient(url, timeout_s=660)
 
         async def pick_all():  # at once, as a RAG service's callers do: the replica batches them
             return await asyncio.gather(
@@ -274,7 +277,8 @@ def test_ctxpick_serve_answers_with_the_shipped_picker_by_default_and_it_reads(r
     assert kept["langchain"] == kept["llama_index"] == kept["haystack"] == kept["client"]
     sets = [tuple(s.indices) for s in picks]
     print(f"shipped picker on {len(pools)} sample questions: {sets}")
-    assert not any(s.fallback == "deadline" for s in picks)  # a slow batch says so
+    print(f"in batches of {[s.batch_size for s in picks]}")
+    assert not any(s.fallback == "deadline" for s in picks), [s.fallback for s in picks]
     assert sum(s.valid for s in picks) >= len(picks) - 1, [s.output for s in picks]
     assert len(set(sets)) >= 4  # not one constant set
     prefixes = [s == tuple(range(len(s))) for s in sets]
