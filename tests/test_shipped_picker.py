@@ -277,7 +277,6 @@ def test_ctxpick_serve_answers_with_the_shipped_picker_by_default_and_it_reads(r
     assert kept["langchain"] == kept["llama_index"] == kept["haystack"] == kept["client"]
     sets = [tuple(s.indices) for s in picks]
     print(f"shipped picker on {len(pools)} sample questions: {sets}")
-    print(f"in batches of {[s.batch_size for s in picks]}")
     assert not any(s.fallback == "deadline" for s in picks), [s.fallback for s in picks]
     assert sum(s.valid for s in picks) >= len(picks) - 1, [s.output for s in picks]
     assert len(set(sets)) >= 4  # not one constant set
