@@ -254,7 +254,7 @@ def test_ctxpick_serve_answers_with_the_shipped_picker_by_default_and_it_reads(r
         card = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]
         # Past the server's deadline, so a slow batch answers with its deadline fallback instead
         # of the client timing out and resending the pick.
-        client = PickerClient(url, timeout_s=660)
+        client = PickerClient(url, timeout_s=cfg.serve.timeout_s + 60)
 
         async def pick_all():  # at once, as a RAG service's callers do: the replica batches them
             return await asyncio.gather(
