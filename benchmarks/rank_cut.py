@@ -14,6 +14,9 @@ the empty set: this measures the model, not the served fallback).
 Run, from the repository root (the shipped picker's stage and its data):
     .venv/bin/python benchmarks/rank_cut.py outputs/cpu_quality_crossenc/stage1/final \
         outputs/cpu_quality_crossenc/warmup_data/mined.jsonl --ranks 22 16 8
+A shipped picker's folder (its adapter names the base's hub name) is read the same way: its
+adapter is then the reference, and its truncated SVD to a lower rank is the exact adapter's,
+up to the shipped file's rounding.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from ctxpick.picker.spec import PickerSpec
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("final", type=Path, help="a LoRA stage's final/ (its adapter chain)")
+    ap.add_argument(
+        "final", type=Path, help="a LoRA stage's final/ (its adapter chain) or a shipped picker"
+    )
     ap.add_argument("mined", type=Path, help="the mined.jsonl it was trained on")
     ap.add_argument("--ranks", type=int, nargs="+", required=True, help="ranks to cut to")
     ap.add_argument("--base", default="qwen2.5-coder-0.5b", help="built-in base model alias")
@@ -47,7 +52,7 @@ def main() -> None:
     if not val:
         raise SystemExit(f"{args.mined}: no validation question")
     print(f"{len(val)} validation questions of {args.mined}", flush=True)
-    chain = adapter_chain(args.final, Path(resolve(args.base)))
+    chain = adapter_chain(args.final, Path(resolve(args.base)), BUILTINS[args.base].hf_name)
     exact: list[tuple[int, ...] | None] = []
     print("rank   MiB  weight err  valid  same set  mean|S|  F1 mined  F1 human", flush=True)
     for rank in [None, *sorted(args.ranks, reverse=True)]:

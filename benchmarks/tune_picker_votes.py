@@ -41,7 +41,7 @@ from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.eval.stats import stratified_mean
 from ctxpick.picker.diagnostics import set_f1
 from ctxpick.picker.format import FORMATS, InvalidPick, parse_pick
-from ctxpick.picker.selection import fallback_passages
+from ctxpick.picker.inference import pick_result
 
 ADOPT_POINTS = 1.0
 
@@ -121,11 +121,9 @@ def report(cfg, spec, items, pools, greedy, sampled, n: int, temperature: float)
     fallback_k = cfg.eval.picker_fallback_k
     for r, ps, g, outs in zip(items, pools, greedy, sampled, strict=True):
         shown = ps[: spec.max_passages]
-        try:
-            ids = parse_pick(g[0].text, len(shown), spec.output_format).ids
-            picked = [shown[i - 1].pid for i in ids]
-        except InvalidPick:  # served and evaluated alike: the fallback's passages
-            picked = [p.pid for p in fallback_passages(ps, cfg.eval.picker_fallback, fallback_k)]
+        # Served and evaluated alike: an invalid output keeps the fallback's passages.
+        greedy_pick = pick_result(g[0].text, ps, spec, cfg.eval.picker_fallback, fallback_k)
+        picked = [p.pid for p in greedy_pick.passages]
         samples = sampled_ids(outs, len(shown))
         dataset = r.item.example.dataset
         valid_share[dataset].append(len(samples) / len(outs))

@@ -93,6 +93,9 @@ def test_pick_and_rerank_answer_and_every_decision_is_audited(service, http):
     ]
     assert sel["valid"] or sel["fallback"]  # never a silent choice
     assert 0 < sel["tokens_kept"] <= sel["tokens_in"]
+    # The response says which engine call answered it, and how (a client's Selection is whole).
+    assert (sel["batch_size"] >= 1) == (sel["fallback"] != "deadline")
+    assert sel["output"] or not sel["valid"]
 
     r = http.post(
         "/v1/rerank",
@@ -122,6 +125,7 @@ def test_pick_and_rerank_answer_and_every_decision_is_audited(service, http):
     assert len(lines) == 3 and [x["endpoint"] for x in lines] == ["pick", "rerank", "pick"]
     first = lines[0]
     assert first["request_id"] == sel["id"] and first["picked_ids"] == sel["ids"]
+    assert first["batch_size"] == sel["batch_size"]
     assert first["candidate_ids"] == [0, 1, "ws"] and "question" not in first  # no text stored
     assert {
         "time",
@@ -259,7 +263,7 @@ def test_past_its_deadline_a_request_gets_the_fallback_and_the_service_serves_on
     ):
         assert r.status_code == 200, r.text
         sel = r.json()
-        assert sel["fallback"] == "deadline" and not sel["valid"]
+        assert sel["fallback"] == "deadline" and not sel["valid"] and sel["batch_size"] == 0
         assert sel["indices"] == [0, 1] and sel["passages"] == PASSAGES[:2]
     assert _audit_lines(audit)[-1]["fallback"] == "deadline"
     r = http.post("/v1/pick", json=body, headers={"x-request-timeout": "soon"})

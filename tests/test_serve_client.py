@@ -23,6 +23,8 @@ ANSWER = {
     "fallback": None,
     "budget_cut": False,
     "latency_ms": 1.0,
+    "batch_size": 1,
+    "output": "<ids>[1]</ids><rationale>r</rationale>",
 }
 
 

@@ -8,13 +8,15 @@ import asyncio
 import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 
 from ctxpick.config import ConfigError, compose, picker_spec
-from ctxpick.engines.models import ModelChecksumError, resolve
+from ctxpick.engines.models import BUILTINS, ModelChecksumError, resolve
 from ctxpick.picker import shipped
 from ctxpick.picker.inference import load_spec
 
@@ -90,6 +92,17 @@ def test_a_chain_of_stages_ships_as_one_adapter_whose_merge_is_the_chains(chain,
     config = json.loads((picker.folder / shipped.ADAPTER_FILES[0]).read_text())
     assert config["r"] == config["lora_alpha"] == 8  # both ranks side by side, scale 1
     assert config["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+    # A shipped folder is a chain of its own (its adapter names the base's hub name), so it can
+    # be cut again (benchmarks/rank_cut.py); with no cut, to the same tensors.
+    hub = BUILTINS[BASE].hf_name
+    again = shipped.adapter_chain(picker.folder, Path(resolve(BASE)), hub)
+    assert again == [picker.folder / shipped.ADAPTER]
+    with pytest.raises(ValueError, match="neither the base model"):  # only by its hub name
+        shipped.adapter_chain(picker.folder, Path(resolve(BASE)))
+    shipped_tensors = load_file(picker.folder / shipped.ADAPTER_FILES[1])
+    rejoined = safetensors_load(shipped.joined_adapter(again, hub)[0].weights)
+    assert rejoined.keys() == shipped_tensors.keys()
+    assert all(torch.equal(rejoined[k], shipped_tensors[k]) for k in rejoined)
 
     folder, spec = load_spec("tiny")  # by name, as from_pretrained, serve and eval take it
     assert spec == load_spec(root / "s2")[1]
@@ -146,7 +159,7 @@ def test_an_adapter_trained_on_something_else_is_refused(chain, registry):
     (stray / "adapter" / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="neither the base model"):
         shipped.adapter_chain(stray, shipped.Path(resolve(BASE)))
-    with pytest.raises(FileNotFoundError, match="only a LoRA stage's final/ ships"):
+    with pytest.raises(FileNotFoundError, match="only a LoRA stage's final/"):
         shipped.adapter_chain(registry, shipped.Path(resolve(BASE)))
 
 

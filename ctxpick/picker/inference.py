@@ -53,6 +53,20 @@ class PickResult:
     ids: tuple[int, ...] | None = None  # 1-based positions picked among those shown
 
 
+def pick_result(
+    text: str, pool: Sequence[Passage], spec: PickerSpec, fallback: str, fallback_k: int
+) -> PickResult:
+    """What the picker's output ``text`` keeps of ``pool`` (best first; it was shown the first
+    ``spec.max_passages``); an output that does not parse keeps the ``fallback`` policy's."""
+    shown = list(pool[: spec.max_passages])
+    try:
+        pick = parse_pick(text, len(shown), spec.output_format)
+    except InvalidPick as err:
+        return PickResult(fallback_passages(pool, fallback, fallback_k), text, "", False, str(err))
+    chosen = [shown[i - 1] for i in pick.ids]
+    return PickResult(chosen, text, pick.rationale, True, ids=pick.ids)
+
+
 @dataclass
 class Picker:
     engine: Engine
@@ -139,18 +153,10 @@ class Picker:
                 self.spec,
                 self.constrained,
             )
-        results = []
-        for out, pool in zip(outs, pools, strict=True):
-            ps, text = list(pool[: self.spec.max_passages]), out[0].text
-            try:
-                pick = parse_pick(text, len(ps), self.spec.output_format)
-            except InvalidPick as err:
-                kept = fallback_passages(pool, self.fallback, self.fallback_k)
-                results.append(PickResult(kept, text, "", False, str(err)))
-                continue
-            chosen = [ps[i - 1] for i in pick.ids]
-            results.append(PickResult(chosen, text, pick.rationale, True, ids=pick.ids))
-        return results
+        return [
+            pick_result(out[0].text, pool, self.spec, self.fallback, self.fallback_k)
+            for out, pool in zip(outs, pools, strict=True)
+        ]
 
     def pick_many(
         self,

@@ -165,21 +165,24 @@ def _read_adapter(folder: Path) -> LoraAdapter:
     )
 
 
-def adapter_chain(final: Path, base: Path) -> list[Path]:
+def adapter_chain(final: Path, base: Path, base_name: str | None = None) -> list[Path]:
     """The adapter folders from the one trained on ``base`` to ``final``'s: each stage's
-    adapter names the folder it was trained on (a previous stage's ``final/``, or the base)."""
+    adapter names the folder it was trained on (a previous stage's ``final/``, or the base).
+    An adapter naming ``base_name`` (the base's hub name, as a shipped adapter does) applies
+    to the base too, so a shipped picker's folder can be cut again."""
     chain, folder = [], final
     while True:
         if not (folder / ADAPTER_FILES[0]).is_file():
             raise FileNotFoundError(
-                f"{folder / ADAPTER} is missing: only a LoRA stage's final/ ships (its adapter)"
+                f"{folder / ADAPTER} is missing: only a LoRA stage's final/ (or a shipped "
+                "picker) ships: its adapter"
             )
         chain.insert(0, folder / ADAPTER)
         config = json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
         if not config.get("base_model_name_or_path"):
             raise ValueError(f"{folder / ADAPTER_FILES[0]} names no base_model_name_or_path")
         on = Path(config["base_model_name_or_path"])
-        if on.resolve() == base.resolve():
+        if on.resolve() == base.resolve() or str(on) == base_name:
             return chain
         if not (on / ADAPTER_FILES[0]).is_file() or on in [c.parent for c in chain]:
             raise ValueError(
@@ -284,8 +287,10 @@ def ship(
     max_tokens: int | None = None,
 ) -> tuple[ShippedPicker, float]:
     """Put a trained LoRA stage's ``final/`` into the package as shipped picker ``name``: its
-    ``picker.json`` and its chain's adapters joined into one for ``base``. The model card
-    must be in place first (it is pinned too). ``max_rank``: see :func:`joined_adapter`.
+    ``picker.json`` and its chain's adapters joined into one for ``base``. ``final`` may be a
+    shipped picker's folder too (to cut it: the error returned is then against its adapter,
+    not the exact chain's it was cut from). The model card must be in place first (it is
+    pinned too). ``max_rank``: see :func:`joined_adapter`.
     ``max_tokens``: the output budget served, when it is not the one trained with (chosen on
     validation: ``benchmarks/tune_picker_max_tokens.py``). Returns the entry to pin in
     :data:`SHIPPED` (:func:`pin_entry` writes it as code) and the largest relative error the
@@ -305,7 +310,7 @@ def ship(
     if max_tokens is not None:  # checked (>= 1) before any weight is read
         spec = replace(spec, max_tokens=max_tokens)
     base_path = Path(resolve(base))
-    chain = adapter_chain(final, base_path)
+    chain = adapter_chain(final, base_path, BUILTINS[base].hf_name)
     adapter, err = joined_adapter(chain, BUILTINS[base].hf_name, max_rank)
     adapter.write(str(dest / ADAPTER))
     spec.save(dest)

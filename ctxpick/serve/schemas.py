@@ -61,7 +61,14 @@ class PickResponse(BaseModel):
         "request's timeout passed first)"
     )
     budget_cut: bool
-    latency_ms: float
+    latency_ms: float = Field(
+        description="the engine call this question was part of; with 'deadline': the wait"
+    )
+    batch_size: int = Field(
+        description="questions in that engine call (0: none, e.g. 'deadline'; after an engine "
+        "error: the call it was sent in)"
+    )
+    output: str = Field(description="the picker's raw output ('': no engine call answered)")
 
 
 class RerankDocument(BaseModel):
