@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from statistics import mean
 
-from ctxpick.engines.models import BUILTINS, resolve
+from ctxpick.engines.models import BUILTINS
 from ctxpick.picker.diagnostics import set_f1
 from ctxpick.picker.examples import load_picker_examples
 from ctxpick.picker.inference import Picker
@@ -41,7 +41,9 @@ def main() -> None:
     )
     ap.add_argument("mined", type=Path, help="the mined.jsonl it was trained on")
     ap.add_argument("--ranks", type=int, nargs="+", required=True, help="ranks to cut to")
-    ap.add_argument("--base", default="qwen2.5-coder-0.5b", help="built-in base model alias")
+    ap.add_argument(
+        "--base", default="qwen2.5-coder-0.5b", choices=sorted(BUILTINS), help="built-in base"
+    )
     ap.add_argument("--seed", type=int, default=0, help="the run's seed (its pool order)")
     args = ap.parse_args()
     if min(args.ranks) < 1:
@@ -52,7 +54,7 @@ def main() -> None:
     if not val:
         raise SystemExit(f"{args.mined}: no validation question")
     print(f"{len(val)} validation questions of {args.mined}", flush=True)
-    chain = adapter_chain(args.final, Path(resolve(args.base)), BUILTINS[args.base].hf_name)
+    chain = adapter_chain(args.final, args.base)
     exact: list[tuple[int, ...] | None] = []
     print("rank   MiB  weight err  valid  same set  mean|S|  F1 mined  F1 human", flush=True)
     for rank in [None, *sorted(args.ranks, reverse=True)]:

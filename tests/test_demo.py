@@ -87,7 +87,9 @@ def test_a_main_job_on_its_own_dense_pools_trains_grpo_on_the_warm_start_data(
 ):
     """demo.rl_data=warmup_data: the GRPO stages train on the warm-start records, so no stage
     needs the generator's mined sets and none are mined; and with pools ranked by the dense
-    retriever, every training prompt shows its passages in dense order, as inference does."""
+    retriever, every training prompt shows its passages in dense order, as inference does.
+    The warm-start stage itself is skipped: the test above trains one, and what is pinned
+    here is the data each stage reads."""
     import numpy as np
 
     from ctxpick.retrieval.embed import encode, load_embedder
@@ -99,6 +101,7 @@ def test_a_main_job_on_its_own_dense_pools_trains_grpo_on_the_warm_start_data(
         "demo.warmup_data=['mining.miner=human']",
         "demo.rl_data=warmup_data",
         "~demo.stages.stage2",
+        "demo.skip=[warmup]",
         "demo.evaluate=false",
         "retrieval.pool.retriever=dense",
         "mining.pool.retriever=dense",

@@ -165,11 +165,12 @@ def _read_adapter(folder: Path) -> LoraAdapter:
     )
 
 
-def adapter_chain(final: Path, base: Path, base_name: str | None = None) -> list[Path]:
-    """The adapter folders from the one trained on ``base`` to ``final``'s: each stage's
-    adapter names the folder it was trained on (a previous stage's ``final/``, or the base).
-    An adapter naming ``base_name`` (the base's hub name, as a shipped adapter does) applies
-    to the base too, so a shipped picker's folder can be cut again."""
+def adapter_chain(final: Path, base: str) -> list[Path]:
+    """The adapter folders from the one trained on the built-in model ``base`` to ``final``'s:
+    each stage's adapter names the folder it was trained on (a previous stage's ``final/``, or
+    the base's prepared folder). An adapter naming the base's hub name (as a shipped adapter
+    does) applies to the base too, so a shipped picker's folder can be cut again."""
+    base_path, base_name = Path(resolve(base)), BUILTINS[base].hf_name
     chain, folder = [], final
     while True:
         if not (folder / ADAPTER_FILES[0]).is_file():
@@ -182,12 +183,12 @@ def adapter_chain(final: Path, base: Path, base_name: str | None = None) -> list
         if not config.get("base_model_name_or_path"):
             raise ValueError(f"{folder / ADAPTER_FILES[0]} names no base_model_name_or_path")
         on = Path(config["base_model_name_or_path"])
-        if on.resolve() == base.resolve() or str(on) == base_name:
+        if on.resolve() == base_path.resolve() or str(on) == base_name:
             return chain
         if not (on / ADAPTER_FILES[0]).is_file() or on in [c.parent for c in chain]:
             raise ValueError(
                 f"{folder / ADAPTER} was trained on {on}, which is neither the base model "
-                f"({base}) nor a LoRA stage's final/ with its adapter"
+                f"({base_path} or {base_name}) nor a LoRA stage's final/ with its adapter"
             )
         folder = on
 
@@ -309,8 +310,7 @@ def ship(
     spec = PickerSpec.load(final)
     if max_tokens is not None:  # checked (>= 1) before any weight is read
         spec = replace(spec, max_tokens=max_tokens)
-    base_path = Path(resolve(base))
-    chain = adapter_chain(final, base_path, BUILTINS[base].hf_name)
+    chain = adapter_chain(final, base)
     adapter, err = joined_adapter(chain, BUILTINS[base].hf_name, max_rank)
     adapter.write(str(dest / ADAPTER))
     spec.save(dest)
