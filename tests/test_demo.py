@@ -116,6 +116,7 @@ def test_a_main_job_on_its_own_dense_pools_trains_grpo_on_the_warm_start_data(
     assert f"[stage1] {kept} train" in out  # Stage I read the warm-start records
     # Each validation with invalid greedy outputs says why they are invalid
     partly_valid = [v for v in re.findall(r"val reward \S+ valid (\d+)%", out) if v != "100"]
+    assert partly_valid  # the untrained model's Stage I validation: not every output parses
     assert len(re.findall(r"validation: \d+/\d+ invalid: \S", out)) == len(partly_valid)
     assert json.loads((tmp_path / "pickers.json").read_text())["stage1"].endswith("final")
     model = load_embedder()

@@ -98,11 +98,10 @@ def _steps(folder):
 
 def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys):
     """Reference: 3 uninterrupted steps, checkpoint every step. Then resume from step 1
-    (mid-epoch: 4 prompts, 2 per step) on other actors: same step, same next batches, same
-    rewards, same final weights. The resume also loses a learner after its step-2 checkpoint
-    (the epoch boundary): the stage restarts fresh actors from that checkpoint and still ends
-    with the reference's weights, so both a mid-epoch and an epoch-boundary resume are
-    checked."""
+    (mid-epoch: 4 prompts, 2 per step) and from step 2 (epoch boundary) on other actors:
+    same step, same next batches, same rewards, same final weights. The resume from step 1
+    also loses a learner after its step-2 checkpoint: the stage restarts its actors from
+    that checkpoint and still ends with the reference's weights."""
     # First in the module, so the shared actors are still freshly initialised.
     ref_cfg = tiny(
         root,
@@ -116,36 +115,40 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys):
     ref = train(ref_cfg, run=run)
     ref_steps = _steps(ref.parent)
     assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
-    folder = root / "resumed"
-    _resume_copy(ref.parent, folder, 1)
-    cfg = tiny(
-        root,
-        "resumed",
-        "stage.max_steps=3",
-        "rl.save_every=1",
-        "rl.val_every=100",
-        "rl.max_restarts=1",
-        "wandb.mode=offline",
-    )
-    victim = Run(cfg)  # train() replaces it after the kill
-    _kill_after_checkpoint(victim.learners.actors[0], folder, 2)
-    final = _train_or_free(cfg, victim)
-    assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
-    steps = _steps(folder)
-    assert sorted(steps) == [1, 2, 3]  # the torn line dropped, no step logged twice
-    for s in (2, 3):
-        assert steps[s]["batch"] == ref_steps[s]["batch"]
-        assert steps[s]["reward"] == ref_steps[s]["reward"]
-        # logged every step: the share of groups without signal
-        assert steps[s]["zero_variance_groups"] == ref_steps[s]["zero_variance_groups"]
-    assert json.loads((folder / "result.json").read_text())["epoch"] == 1
-    assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)
-    # The resumed stage continued the same W&B run, and logged the commit with the config.
-    runs = sorted((folder / "wandb").glob("offline-run-*"))
-    run_id = (folder / "wandb_run_id").read_text().strip()
-    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
-    assert b"git_commit" in (runs[-1] / f"run-{run_id}.wandb").read_bytes()
-    _drop_checkpoints(folder)
+    for resume_at in (1, 2):
+        folder = root / f"resumed{resume_at}"
+        _resume_copy(ref.parent, folder, resume_at)
+        cfg = tiny(
+            root,
+            f"resumed{resume_at}",
+            "stage.max_steps=3",
+            "rl.save_every=1",
+            "rl.val_every=100",
+            "rl.max_restarts=1",
+            "wandb.mode=offline",
+        )
+        if resume_at == 1:
+            victim = Run(cfg)  # train() replaces it after the kill
+            _kill_after_checkpoint(victim.learners.actors[0], folder, 2)
+            final = _train_or_free(cfg, victim)
+            assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
+        else:
+            final = train(cfg, run=run)
+        steps = _steps(folder)
+        assert sorted(steps) == [1, 2, 3]  # the torn line dropped, no step logged twice
+        for s in range(resume_at + 1, 4):
+            assert steps[s]["batch"] == ref_steps[s]["batch"]
+            assert steps[s]["reward"] == ref_steps[s]["reward"]
+            # logged every step: the share of groups without signal
+            assert steps[s]["zero_variance_groups"] == ref_steps[s]["zero_variance_groups"]
+        assert json.loads((folder / "result.json").read_text())["epoch"] == 1
+        assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)
+        # The resumed stage continued the same W&B run, and logged the commit with the config.
+        runs = sorted((folder / "wandb").glob("offline-run-*"))
+        run_id = (folder / "wandb_run_id").read_text().strip()
+        assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+        assert b"git_commit" in (runs[-1] / f"run-{run_id}.wandb").read_bytes()
+        _drop_checkpoints(folder)
     _drop_checkpoints(ref.parent)
     # The trained folder carries the prompt it was trained with: inference asks with the
     # byte-identical chat the rollouts used.
