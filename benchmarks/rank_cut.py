@@ -11,7 +11,7 @@ error, valid outputs, the share of questions whose ids, as written, equal the ex
 against the mined minimal sets and against the human evidence (an invalid output counts as
 the empty set: this measures the model, not the served fallback).
 
-Run, from the repository root (the shipped picker's stage and its data):
+Run, from the repository root (the stage and data of the picker shipped until 2026-12-05):
     .venv/bin/python benchmarks/rank_cut.py outputs/cpu_quality_crossenc/stage1/final \
         outputs/cpu_quality_crossenc/warmup_data/mined.jsonl --ranks 22 16 8
 A shipped picker's folder (its adapter names the base's hub name) is read the same way: its

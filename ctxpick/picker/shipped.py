@@ -69,12 +69,12 @@ SHIPPED: dict[str, ShippedPicker] = {
     "ctxpick-picker-0.5b": ShippedPicker(
         "ctxpick-picker-0.5b",
         "qwen2.5-coder-0.5b",
-        "Qwen2.5-Coder-0.5B + LoRA: warm start + Stage I, cross-encoder-ordered pool",
+        "Qwen2.5-Coder-0.5B + LoRA rank 3 + 1: warm start + Stage I, cross-encoder-ordered pool",
         (
-            "38afe0a02cd6820a20195812285a0ff2249793608b128c413755196e8b403d80",
-            "425ab9b4c0cb9ad194f0726cfd07cef6052a4c82e1d869be8f13bcd98b5073ed",
-            "ae645b7664cad5ecd46c78e34afa03dc8df42bb80df31fa0ace7005501af74a9",
-            "e942377232c40b58f4fa87fb301e782b33d84e9db9a9aa09ebe2d6c48deacedc",
+            "a0ff04e462d440bcbfe790e538cc26c68ab50e0cacc3eba72db4e6300776522b",
+            "4d1ac56b0fea79b7b12ca7ba4e36687504e584d761e05e3eb8ae9ee5f40ec482",
+            "d31a3d5e184a172d2e40a6adc893cd3f74dfdf4b56bcd4bff440356da26c3ec4",
+            "f37fa5dac9226c3533ae35ece7f489df0fc494d7974b6604e9ddfc3046d74193",
         ),
     ),
 }
