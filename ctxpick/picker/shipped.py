@@ -74,7 +74,7 @@ SHIPPED: dict[str, ShippedPicker] = {
             "a0ff04e462d440bcbfe790e538cc26c68ab50e0cacc3eba72db4e6300776522b",
             "4d1ac56b0fea79b7b12ca7ba4e36687504e584d761e05e3eb8ae9ee5f40ec482",
             "d31a3d5e184a172d2e40a6adc893cd3f74dfdf4b56bcd4bff440356da26c3ec4",
-            "f37fa5dac9226c3533ae35ece7f489df0fc494d7974b6604e9ddfc3046d74193",
+            "5c59f0eb438c7b9ddef25c8064beef6f4b01ce28495cb4d0af05f0740838049b",
         ),
     ),
 }
