@@ -74,7 +74,7 @@ SHIPPED: dict[str, ShippedPicker] = {
             "a0ff04e462d440bcbfe790e538cc26c68ab50e0cacc3eba72db4e6300776522b",
             "4d1ac56b0fea79b7b12ca7ba4e36687504e584d761e05e3eb8ae9ee5f40ec482",
             "d31a3d5e184a172d2e40a6adc893cd3f74dfdf4b56bcd4bff440356da26c3ec4",
-            "5c59f0eb438c7b9ddef25c8064beef6f4b01ce28495cb4d0af05f0740838049b",
+            "c46c93e9bc10ded863e1b545a8902802601b4c65e094186931e6c07d4748a28c",
         ),
     ),
 }
