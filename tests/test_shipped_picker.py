@@ -50,7 +50,8 @@ def chain(tmp_path_factory):
     _stage(root / "s1", base, 1, ["q_proj", "v_proj"])
     want = _stage(root / "s2", root / "s1", 2, ["v_proj", "down_proj"])
     picker_spec(compose(["retrieval=crossenc", f"picker.model={BASE}"])).save(root / "s2")
-    return root, want
+    yield root, want
+    shutil.rmtree(root)  # ~1 GB of weights, which the rest of the suite does not need on disk
 
 
 @pytest.fixture

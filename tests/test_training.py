@@ -2,7 +2,6 @@
 DeepSpeed learner on the loopback Ray cluster, on real HotpotQA questions."""
 
 import json
-import os
 import shutil
 from dataclasses import replace
 
@@ -113,6 +112,7 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys):
         "wandb.mode=offline",
     )
     ref = train(ref_cfg, run=run)
+    shutil.rmtree(ref.parent / "checkpoints" / "step3")  # its end is final/: no resume needs it
     ref_steps = _steps(ref.parent)
     assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
     for resume_at in (1, 2):
@@ -199,13 +199,14 @@ WARM, ASYNC_STEPS = 2, 8
 
 
 def _resume_copy(ref, folder, step):
-    """``ref``'s stage folder as if it had stopped after ``step`` (a torn metrics line too)."""
+    """``ref``'s stage folder as if it had stopped after ``step`` (a torn metrics line too).
+    The step's checkpoint moves there: the reference never resumes from it, and each is ~2 GB
+    of optimizer state, which a suite run on a small disk cannot hold many of at once."""
     ignore = shutil.ignore_patterns("final", "checkpoints")
     shutil.copytree(ref, folder, symlinks=True, ignore=ignore)
+    (folder / "checkpoints").mkdir()
     kept = f"checkpoints/step{step}"
-    # Hard links, not copies of GBs of optimizer state: a stage writes each checkpoint into a
-    # new folder, never into an old one, so the reference's stays as it was.
-    shutil.copytree(ref / kept, folder / kept, symlinks=True, copy_function=os.link)
+    (ref / kept).rename(folder / kept)
     (folder / "checkpoints" / "latest").write_text(f"step{step}")
     with (folder / "metrics.jsonl").open("a") as fh:
         fh.write('{"step": 4, "reward": 0.')
@@ -226,6 +227,7 @@ def test_async_rollouts_learn_and_a_resume_trains_on_the_same(ray_cluster, tmp_p
     root = _mined_root(tmp_path, train=8, val=8)
     val = ("rl.val_size=8", "rl.val_every=100")
     warm = train(tiny(root, "warm", "stage=warmup", f"stage.max_steps={WARM}", *val))
+    _drop_checkpoints(warm.parent)  # the stage below starts from its final/
     resume_at = 4
     try:
         before = _steps(warm.parent)[WARM]
@@ -238,6 +240,7 @@ def test_async_rollouts_learn_and_a_resume_trains_on_the_same(ray_cluster, tmp_p
         assert [steps[s]["policy_lag"] for s in sorted(steps)] == [0] + [1] * (ASYNC_STEPS - 1)
 
         _resume_copy(ref, root / "async_resumed", resume_at)
+        _drop_checkpoints(ref)  # its end's: the comparison reads final/
         cfg = tiny(root, "async_resumed", *args, "rl.save_every=1", "rl.max_restarts=1")
         victim = Run(cfg)  # train() replaces it after the kill
         _kill_after_checkpoint(victim.engines.actors[0], root / "async_resumed", resume_at + 1)
