@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,16 @@ TINY_DECODER = dict(
 needs_shared = pytest.mark.skipif(
     not SHARED.is_dir(), reason="../shared/data is absent (a fresh clone); CI has it"
 )
+
+
+def pytest_report_header(config):
+    # A suite run that fills the disk fails 25 minutes in with ENOSPC: say at once what it needs.
+    free = shutil.disk_usage(tempfile.gettempdir()).free / (1 << 30)
+    return (
+        f"disk: {free:.1f} GiB free under {tempfile.gettempdir()}; the largest test (the main "
+        "job's three full-weight checkpoints) takes about 6.2 GiB at its peak "
+        "(benchmarks/disk_peaks.py measures each test)"
+    )
 
 
 @pytest.fixture(scope="session")
