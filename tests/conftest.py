@@ -35,9 +35,9 @@ def pytest_report_header(config):
     # A suite run that fills the disk fails 25 minutes in with ENOSPC: say at once what it needs.
     free = shutil.disk_usage(tempfile.gettempdir()).free / (1 << 30)
     return (
-        f"disk: {free:.1f} GiB free under {tempfile.gettempdir()}; the largest test (the main "
-        "job's three full-weight checkpoints) takes about 6.2 GiB at its peak "
-        "(benchmarks/disk_peaks.py measures each test)"
+        f"disk: {free:.1f} GiB free under {tempfile.gettempdir()}; the suite needs about 6.2 GiB "
+        "more at its peak, in the main job's test (its three stages' full-weight checkpoints; "
+        "measured on 2026-12-05 by benchmarks/disk_peaks.py, which also gives each test's)"
     )
 
 

@@ -111,45 +111,47 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys):
         "rl.val_every=100",
         "wandb.mode=offline",
     )
-    ref = train(ref_cfg, run=run)
-    shutil.rmtree(ref.parent / "checkpoints" / "step3")  # its end is final/: no resume needs it
-    ref_steps = _steps(ref.parent)
-    assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
-    for resume_at in (1, 2):
-        folder = root / f"resumed{resume_at}"
-        _resume_copy(ref.parent, folder, resume_at)
-        cfg = tiny(
-            root,
-            f"resumed{resume_at}",
-            "stage.max_steps=3",
-            "rl.save_every=1",
-            "rl.val_every=100",
-            "rl.max_restarts=1",
-            "wandb.mode=offline",
-        )
-        if resume_at == 1:
-            victim = Run(cfg)  # train() replaces it after the kill
-            _kill_after_checkpoint(victim.learners.actors[0], folder, 2)
-            final = _train_or_free(cfg, victim)
-            assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
-        else:
-            final = train(cfg, run=run)
-        steps = _steps(folder)
-        assert sorted(steps) == [1, 2, 3]  # the torn line dropped, no step logged twice
-        for s in range(resume_at + 1, 4):
-            assert steps[s]["batch"] == ref_steps[s]["batch"]
-            assert steps[s]["reward"] == ref_steps[s]["reward"]
-            # logged every step: the share of groups without signal
-            assert steps[s]["zero_variance_groups"] == ref_steps[s]["zero_variance_groups"]
-        assert json.loads((folder / "result.json").read_text())["epoch"] == 1
-        assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)
-        # The resumed stage continued the same W&B run, and logged the commit with the config.
-        runs = sorted((folder / "wandb").glob("offline-run-*"))
-        run_id = (folder / "wandb_run_id").read_text().strip()
-        assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
-        assert b"git_commit" in (runs[-1] / f"run-{run_id}.wandb").read_bytes()
-        _drop_checkpoints(folder)
-    _drop_checkpoints(ref.parent)
+    try:
+        ref = train(ref_cfg, run=run)
+        shutil.rmtree(ref.parent / "checkpoints" / "step3")  # its end is final/: no resume needs it
+        ref_steps = _steps(ref.parent)
+        assert [ref_steps[s]["batch"] for s in (1, 2)] != [ref_steps[3]["batch"]] * 2
+        for resume_at in (1, 2):
+            folder = root / f"resumed{resume_at}"
+            _resume_copy(ref.parent, folder, resume_at)
+            cfg = tiny(
+                root,
+                f"resumed{resume_at}",
+                "stage.max_steps=3",
+                "rl.save_every=1",
+                "rl.val_every=100",
+                "rl.max_restarts=1",
+                "wandb.mode=offline",
+            )
+            if resume_at == 1:
+                victim = Run(cfg)  # train() replaces it after the kill
+                _kill_after_checkpoint(victim.learners.actors[0], folder, 2)
+                final = _train_or_free(cfg, victim)
+                assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
+            else:
+                final = train(cfg, run=run)
+            steps = _steps(folder)
+            assert sorted(steps) == [1, 2, 3]  # the torn line dropped, no step logged twice
+            for s in range(resume_at + 1, 4):
+                assert steps[s]["batch"] == ref_steps[s]["batch"]
+                assert steps[s]["reward"] == ref_steps[s]["reward"]
+                # logged every step: the share of groups without signal
+                assert steps[s]["zero_variance_groups"] == ref_steps[s]["zero_variance_groups"]
+            assert json.loads((folder / "result.json").read_text())["epoch"] == 1
+            assert _checksum(final) == pytest.approx(_checksum(ref), rel=1e-6)
+            # The resumed stage continued the same W&B run, and logged the commit with the config.
+            runs = sorted((folder / "wandb").glob("offline-run-*"))
+            run_id = (folder / "wandb_run_id").read_text().strip()
+            assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+            assert b"git_commit" in (runs[-1] / f"run-{run_id}.wandb").read_bytes()
+            _drop_checkpoints(folder)
+    finally:  # ~2 GB each: a failure must not leave them to the module's later tests
+        _drop_checkpoints(*(root / name for name in ("ref", "resumed1", "resumed2")))
     # The trained folder carries the prompt it was trained with: inference asks with the
     # byte-identical chat the rollouts used.
     from ctxpick.config import picker_spec
@@ -240,7 +242,7 @@ def test_async_rollouts_learn_and_a_resume_trains_on_the_same(ray_cluster, tmp_p
         assert [steps[s]["policy_lag"] for s in sorted(steps)] == [0] + [1] * (ASYNC_STEPS - 1)
 
         _resume_copy(ref, root / "async_resumed", resume_at)
-        _drop_checkpoints(ref)  # its end's: the comparison reads final/
+        _drop_checkpoints(ref)  # its step-8 checkpoint: the comparison reads final/
         cfg = tiny(root, "async_resumed", *args, "rl.save_every=1", "rl.max_restarts=1")
         victim = Run(cfg)  # train() replaces it after the kill
         _kill_after_checkpoint(victim.engines.actors[0], root / "async_resumed", resume_at + 1)
