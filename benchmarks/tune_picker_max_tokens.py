@@ -7,11 +7,12 @@ An output cut off by the budget does not parse, and the picker falls back to the
 smaller budget's outputs exactly. The validation questions are the dev-file questions right
 after the ones ``demo.eval_sources`` evaluates (each source's ``offset + limit`` onwards), with
 the evaluation's chunks and pools. For each budget of the grid it prints, per dataset, the
-share of outputs that do not parse and the evidence F1 of what would be sent (the fallback's
-passages for those). The rule, fixed before the first run: the smallest budget at which no
-dataset has more than 2% invalid outputs. None met it in that run (an output that never
-closes is invalid at any budget), so a second rule, set after it, takes the smallest budget
-with no more invalid outputs on any dataset than the largest. The last line names it.
+share of outputs that do not parse, and the evidence F1 and mean size of what would be sent
+(the fallback's passages for those). The rule, fixed before the first run: the smallest
+budget at which no dataset has more than 2% invalid outputs. None met it in that run (an
+output that never closes is invalid at any budget), so a second rule, set after it, takes the
+smallest budget with no more invalid outputs on any dataset than the largest.
+The last line names it.
 
 Run, from the repository root:
     .venv/bin/python benchmarks/tune_picker_max_tokens.py --picker ctxpick-picker-0.5b \
@@ -71,7 +72,7 @@ def main() -> None:
     )
     chosen, rates = None, {}
     for budget in GRID:
-        invalid, f1 = defaultdict(list), defaultdict(list)
+        invalid, f1, size = defaultdict(list), defaultdict(list), defaultdict(list)
         for r, ps, out in zip(items, pools, outs, strict=True):
             text = tokenizer.decode(out[0].token_ids[:budget], skip_special_tokens=True)
             shown = ps[: spec.max_passages]
@@ -83,11 +84,13 @@ def main() -> None:
                 bad = True
             dataset = r.item.example.dataset
             invalid[dataset].append(bad)
+            size[dataset].append(len(kept))
             if r.item.gold_pids:
                 f1[dataset].append(set_f1([p.pid for p in kept], r.item.gold_pids))
         cells = "  ".join(
             f"{d} {np.mean(v):5.1%} invalid"
             + (f", F1 {np.mean(f1[d]):.3f}" if f1[d] else "")
+            + f", |S| {np.mean(size[d]):.2f}"
             + f" (n={len(v)})"
             for d, v in invalid.items()
         )
