@@ -10,9 +10,9 @@ the evaluation's chunks and pools. For each budget of the grid it prints, per da
 share of outputs that do not parse, and the evidence F1 and mean size of what would be sent
 (the fallback's passages for those). The rule, fixed before the first run: the smallest
 budget at which no dataset has more than 2% invalid outputs. None met it in that run (an
-output that never closes is invalid at any budget), so a second rule, set after it, takes the
-smallest budget with no more invalid outputs on any dataset than the largest.
-The last line names it.
+output that never closes is invalid at any budget), so a second rule, set after it, takes
+the smallest budget with no more invalid outputs on any dataset than the largest. The last
+line names it.
 
 Run, from the repository root:
     .venv/bin/python benchmarks/tune_picker_max_tokens.py --picker ctxpick-picker-0.5b \
