@@ -14,15 +14,27 @@ output that never closes is invalid at any budget), so a second rule, set after 
 the smallest budget with no more invalid outputs on any dataset than the largest. The last
 line names it.
 
+At the grid's largest budget (the one the levers' rows in RESULTS.md report) each question's
+evidence F1, set size and validity go to ``<output_dir>/validation_f1.jsonl``. ``--against``
+another run's file (repeatable) prints the paired difference (this picker minus that one)
+with its 95% bootstrap interval, per dataset and on the average over datasets (a question's
+two scores resampled as a pair, each dataset on its own), so a lever is compared on the same
+questions with its uncertainty, not by two point estimates.
+
 Run, from the repository root:
     .venv/bin/python benchmarks/tune_picker_max_tokens.py --picker ctxpick-picker-0.5b \
         experiment=cpu_quality ablation=qwen_lora_crossenc output_dir=outputs/tune_max_tokens
+    .venv/bin/python benchmarks/tune_picker_max_tokens.py --picker outputs/RUN/stage1/final \
+        --against outputs/tune_max_tokens/validation_f1.jsonl \
+        experiment=cpu_quality ablation=qwen_lora_crossenc output_dir=outputs/tune_RUN
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 from common import picker_validation_set
@@ -30,6 +42,7 @@ from transformers import AutoTokenizer
 
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool
+from ctxpick.eval.stats import bootstrap_mean, stratified_mean
 from ctxpick.picker.diagnostics import set_f1
 from ctxpick.picker.format import InvalidPick, parse_pick
 from ctxpick.picker.inference import generate_picks
@@ -43,10 +56,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--picker", required=True, help="a picker folder or shipped name")
     parser.add_argument("--cap", type=int, default=max(GRID), help="the budget decoded once")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        action="append",
+        default=[],
+        help="another picker's validation_f1.jsonl, compared paired (repeatable)",
+    )
     args, overrides = parser.parse_known_args()
     if args.cap < max(GRID):
         parser.error(f"--cap {args.cap}: at least the grid's largest budget, {max(GRID)}")
+    references = {path: _read_per_question(path) for path in args.against}
     cfg, folder, spec, items, pools = picker_validation_set(args.picker, overrides)
+    for path, reference in references.items():  # before the decode, which takes minutes
+        _check_same_questions(items, reference, path)
     engine = EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed)
     try:
         outs = generate_picks(
@@ -70,9 +93,10 @@ def main() -> None:
         f"{len(items)} validation questions; output tokens at cap {args.cap}: "
         f"median {np.median(lengths):.0f}, max {max(lengths)}"
     )
-    chosen, rates = None, {}
-    for budget in GRID:
-        invalid, f1, size = defaultdict(list), defaultdict(list), defaultdict(list)
+
+    def scored(budget: int) -> list[dict]:
+        """Each question as the picker's output cut at ``budget`` tokens would send it."""
+        rows = []
         for r, ps, out in zip(items, pools, outs, strict=True):
             text = tokenizer.decode(out[0].token_ids[:budget], skip_special_tokens=True)
             shown = ps[: spec.max_passages]
@@ -82,11 +106,32 @@ def main() -> None:
             except InvalidPick:
                 kept = fallback_passages(ps, cfg.eval.picker_fallback, cfg.eval.picker_fallback_k)
                 bad = True
-            dataset = r.item.example.dataset
-            invalid[dataset].append(bad)
-            size[dataset].append(len(kept))
-            if r.item.gold_pids:
-                f1[dataset].append(set_f1([p.pid for p in kept], r.item.gold_pids))
+            gold = r.item.gold_pids
+            rows.append(
+                {
+                    "id": r.item.example.id,
+                    "dataset": r.item.example.dataset,
+                    "f1": set_f1([p.pid for p in kept], gold) if gold else None,
+                    "size": len(kept),
+                    "invalid": bad,
+                }
+            )
+        return rows
+
+    at = {budget: scored(budget) for budget in GRID}
+    saved = Path(cfg.output_dir) / "validation_f1.jsonl"
+    saved.write_text("".join(json.dumps(row) + "\n" for row in at[max(GRID)]))
+    print(f"{saved}: each question at {max(GRID)} tokens", flush=True)
+    for path, reference in references.items():
+        _print_paired(at[max(GRID)], reference, path)
+    chosen, rates = None, {}
+    for budget in GRID:
+        invalid, f1, size = defaultdict(list), defaultdict(list), defaultdict(list)
+        for row in at[budget]:
+            invalid[row["dataset"]].append(row["invalid"])
+            size[row["dataset"]].append(row["size"])
+            if row["f1"] is not None:
+                f1[row["dataset"]].append(row["f1"])
         cells = "  ".join(
             f"{d} {np.mean(v):5.1%} invalid"
             + (f", F1 {np.mean(f1[d]):.3f}" if f1[d] else "")
@@ -109,6 +154,69 @@ def main() -> None:
         f"no budget up to {max(GRID)} meets the {MAX_INVALID:.0%} rule; the smallest with no "
         f"more invalid outputs than {max(GRID)} tokens on any dataset: max_tokens={floor}"
     )
+
+
+Key = tuple[str, str]  # (dataset, question id)
+
+
+def _read_per_question(path: Path) -> dict[Key, dict]:
+    """Another run's validation_f1.jsonl, each line checked."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise SystemExit(f"--against {path}: {e}") from e
+    rows: dict[Key, dict] = {}
+    for n, line in enumerate(lines, 1):
+        where = f"--against {path}, line {n}"
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise SystemExit(f"{where}: not JSON ({e})") from e
+        if not isinstance(row, dict) or not {"id", "dataset", "f1"} <= row.keys():
+            raise SystemExit(f"{where}: needs an object with id, dataset and f1")
+        if row["f1"] is not None and not isinstance(row["f1"], int | float):
+            raise SystemExit(f"{where}: f1 is {row['f1']!r}, neither a number nor null")
+        key = (row["dataset"], row["id"])
+        if key in rows:
+            raise SystemExit(f"{where}: {key[0]} question {key[1]} is listed twice")
+        rows[key] = row
+    if not rows:
+        raise SystemExit(f"--against {path}: no questions in it")
+    return rows
+
+
+def _check_same_questions(items: list, reference: dict[Key, dict], path: Path) -> None:
+    """A paired comparison needs every question of this run in the reference, with gold in
+    both or in neither."""
+    keys = [(r.item.example.dataset, r.item.example.id) for r in items]
+    if len(set(keys)) != len(keys):
+        raise SystemExit("the validation set lists a question twice: no pairing is possible")
+    missing = [k for k in keys if k not in reference]
+    if missing:
+        raise SystemExit(
+            f"--against {path}: {len(missing)} of these {len(keys)} questions are not in it "
+            f"(first: {missing[0][0]} {missing[0][1]}); compare runs on the same validation set"
+        )
+    for r, key in zip(items, keys, strict=True):
+        if bool(r.item.gold_pids) != (reference[key]["f1"] is not None):
+            here = "gold" if r.item.gold_pids else "no gold"
+            raise SystemExit(
+                f"--against {path}: {key[0]} question {key[1]} has {here} here, not there "
+                "(other chunks or pools?)"
+            )
+
+
+def _print_paired(own: list[dict], reference: dict[Key, dict], path: Path) -> None:
+    """This picker minus the reference, on the questions with gold."""
+    diff = defaultdict(list)
+    for row in own:
+        if row["f1"] is not None:
+            diff[row["dataset"]].append(row["f1"] - reference[row["dataset"], row["id"]]["f1"])
+    cells = [(d, bootstrap_mean(v)) for d, v in diff.items()]
+    cells.append(("average over datasets", stratified_mean(list(diff.values()))))
+    print(f"evidence F1, this picker minus {path} (paired, 95% bootstrap):")
+    for name, e in cells:
+        print(f"  {name}: {e.mean:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}] (n={e.n})", flush=True)
 
 
 if __name__ == "__main__":

@@ -275,6 +275,9 @@ class RLConfig:
     # pools ranked with the answer (question_answer), whose order would leak it.
     pool_order: str = "pool"
     prompts_per_step: int = 4  # prompts per step; a step trains on prompts x group_size samples
+    # Oversampling: each epoch lists a dataset's training prompts this many times, e.g.
+    # {musique: 3}; a dataset not named, once.
+    dataset_repeats: dict[str, int] = field(default_factory=dict)
     rollout: EngineConfig = field(default_factory=EngineConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     # The stage's placement group (rollout workers, then learners, one bundle each):
@@ -282,6 +285,9 @@ class RLConfig:
     placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     save_every: int = 10
     keep_checkpoints: int = 1
+    # Also keep best/: the weights of the step with the best validation reward (each new best
+    # is checkpointed, then exported), beside final/, the last step's.
+    keep_best: bool = False
     # a dead learner or rollout actor: restart the actors from the last checkpoint, this often
     max_restarts: int = 2
     val_every: int = 5
@@ -320,6 +326,8 @@ class RLConfig:
             )
         if self.pool_order not in ("pool", "shuffle"):
             raise ValueError(f"rl.pool_order must be pool or shuffle, not {self.pool_order!r}")
+        if bad := {k: v for k, v in self.dataset_repeats.items() if v < 1}:
+            raise ValueError(f"rl.dataset_repeats must be whole numbers >= 1, not {bad}")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ValueError(f"unknown rl.placement_strategy {self.placement_strategy!r}")
         if min(self.prompts_per_step, self.save_every, self.val_every, self.keep_checkpoints) < 1:

@@ -75,6 +75,22 @@ def test_prompt_stream_is_seeded_and_resumable_across_epochs():
         PromptStream(exs, 9, 0)
 
 
+def test_dataset_repeats_oversample_within_each_epoch():
+    """rl.dataset_repeats: an epoch visits a named dataset's prompts that many times each and
+    the others once, in a seeded order a saved cursor resumes; a name no prompt has is refused."""
+    many = examples_from_record(_record(rewrites=("a?",)), 6, 0)  # 2 prompts of dataset d
+    few = examples_from_record({**_record(rewrites=()), "id": "r", "dataset": "rare"}, 6, 0)
+    stream = PromptStream(many + few, 3, seed=1, repeats={"rare": 4})
+    state = TrainState()
+    epoch = [e.id for _ in range(2) for e in stream.next_batch(state)]  # 6 = one epoch
+    assert sorted(epoch) == sorted([e.id for e in many] + [few[0].id] * 4)
+    assert state.epoch == 0
+    again = TrainState(cursor=3)
+    assert [e.id for e in stream.next_batch(again)] == epoch[3:]
+    with pytest.raises(ConfigError, match=r"\['musique'\].*\['d', 'rare'\]"):
+        PromptStream(many + few, 3, seed=1, repeats={"musique": 2})
+
+
 def test_prompt_groups_micro_batches_and_equal_passes_per_rank():
     def seq(prompt, resp, group):
         return TrainSequence([*prompt, *resp], len(prompt), group=group)

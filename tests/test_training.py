@@ -279,6 +279,51 @@ def test_a_rerun_with_other_stage_settings_is_refused_and_the_same_reuses(run, r
     _drop_checkpoints(folder)
 
 
+def test_best_holds_the_best_validation_step_and_a_crash_in_its_swap_recovers(
+    run, root, monkeypatch
+):
+    """rl.keep_best: best/ holds the weights of the step with the highest validation reward and
+    names it, beside final/ (the last step's). The real validation runs; its reward is set to
+    +0.2, +0.5, +0.3 over three steps, so step 2 is the best whatever the tiny model writes.
+    Each new best is checkpointed before best/ is written (here with no save_every due). A
+    stage that died between the swap's two renames (no best/; best.old an earlier best, here
+    other weights named step 1; best.tmp the new one, whole) resumes from that checkpoint,
+    writes best/ from it and clears the leftovers: the same best/ and final/ as the
+    uninterrupted stage."""
+    import ctxpick.rl.trainer as trainer
+    from ctxpick.rl.steps import validate
+
+    def validate_with(rewards):
+        values = iter(rewards)
+        monkeypatch.setattr(
+            trainer, "validate", lambda *a: validate(*a) | {"val/reward": next(values)}
+        )
+
+    args = ("stage.kind=sft", "stage.max_steps=3", "rl.val_every=1", "rl.save_every=100")
+    args += ("rl.keep_best=true", "rl.keep_checkpoints=2")
+    validate_with([0.2, 0.5, 0.3])
+    ref = train(tiny(root, "best", *args), run=run).parent
+    folder = root / "best_resumed"
+    try:
+        assert json.loads((ref / "best" / "best.json").read_text())["step"] == 2
+        assert (ref / "checkpoints" / "step2").is_dir()  # a best step is checkpointed
+        assert {p.name for p in ref.glob("best*")} == {"best"}
+        assert _checksum(ref / "best") != pytest.approx(_checksum(ref / "final"), rel=1e-6)
+
+        _resume_copy(ref, folder, 2)
+        (folder / "best").rename(folder / "best.tmp")
+        shutil.copytree(ref / "final", folder / "best.old")
+        (folder / "best.old" / "best.json").write_text('{"step": 1, "val_reward": 0.2}')
+        validate_with([0.3])  # step 3 again
+        final = train(tiny(root, "best_resumed", *args), run=run)
+        assert {p.name for p in folder.glob("best*")} == {"best"}
+        assert json.loads((folder / "best" / "best.json").read_text())["step"] == 2
+        assert _checksum(folder / "best") == pytest.approx(_checksum(ref / "best"), rel=1e-6)
+        assert _checksum(final) == pytest.approx(_checksum(ref / "final"), rel=1e-6)
+    finally:
+        _drop_checkpoints(ref, folder)
+
+
 def test_a_stage_that_fails_frees_the_actors_it_started(run, root):
     """train() without a caller's Run starts its own actors, in a placement group of their
     own: a failure after they start (here a checkpoint whose files are gone) must not leave
@@ -480,7 +525,7 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
     try:
         sampling = SamplingConfig(1.0, max_tokens=24, n=2, seed=3, logprobs=True)
         from_base = resumed.engines.generate(chats, sampling)
-        assert _resume(resumed, out)[0].step == 3
+        assert _resume(resumed, cfg, out)[0].step == 3
         stale, _ = _gap(resumed, chats, outs=from_base)
         synced, synced_prob = _gap(resumed, chats)
         print(f"resume: gap {stale.mean():.4f} to the base, {synced.mean():.4f} after re-sync")

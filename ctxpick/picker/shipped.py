@@ -74,7 +74,7 @@ SHIPPED: dict[str, ShippedPicker] = {
             "a0ff04e462d440bcbfe790e538cc26c68ab50e0cacc3eba72db4e6300776522b",
             "4d1ac56b0fea79b7b12ca7ba4e36687504e584d761e05e3eb8ae9ee5f40ec482",
             "d31a3d5e184a172d2e40a6adc893cd3f74dfdf4b56bcd4bff440356da26c3ec4",
-            "8b9d9243541e30879fb613d70585b443d2be830f4fb9f855a642180d7c1fde7c",
+            "cbbbd2596380140879f3f3c3246d5a4d125a53257dc2a49b790c12f33336986f",
         ),
     ),
 }

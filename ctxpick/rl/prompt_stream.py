@@ -17,6 +17,7 @@ class TrainState:
     epoch: int = 0
     cursor: int = 0  # position in this epoch's shuffled order
     best_val: float = -math.inf
+    best_step: int = 0  # the step whose validation reward is best_val
     bad_evals: int = 0
     stop_reason: str = ""
     val_history: list[dict[str, float]] = field(default_factory=list)
@@ -24,9 +25,27 @@ class TrainState:
 
 class PromptStream:
     """Seeded, reproducible batches: epoch e visits the examples in ``shuffle(seed, e)`` order;
-    a batch never straddles two epochs. The position lives in :class:`TrainState`."""
+    a batch never straddles two epochs. The position lives in :class:`TrainState`.
 
-    def __init__(self, examples: list[PickerExample], batch_size: int, seed: int) -> None:
+    ``repeats`` oversamples datasets (OpenRLHF's ``--prompt_data_probs``, as whole repeats so
+    an epoch stays a fixed order a cursor can resume): each epoch lists a named dataset's
+    examples that many times; datasets not named, once."""
+
+    def __init__(
+        self,
+        examples: list[PickerExample],
+        batch_size: int,
+        seed: int,
+        repeats: dict[str, int] | None = None,
+    ) -> None:
+        repeats = repeats or {}
+        present = sorted({ex.dataset for ex in examples})
+        if unknown := sorted(set(repeats) - set(present)):
+            raise ConfigError(
+                f"rl.dataset_repeats names {unknown}, which no training prompt comes from "
+                f"(their datasets: {present})"
+            )
+        examples = [ex for ex in examples for _ in range(repeats.get(ex.dataset, 1))]
         if len(examples) < batch_size:
             raise ConfigError(
                 f"{len(examples)} training prompts but rl.prompts_per_step={batch_size}: mine "

@@ -47,9 +47,15 @@ def stage_settings(cfg: Config) -> dict[str, Any]:
                 else {}
             ),
             **({"async_level": rl.async_level} if rl.async_level else {}),
+            **({"dataset_repeats": repeats} if (repeats := _repeats(rl.dataset_repeats)) else {}),
         },
         "seed": cfg.seed,
     }
+
+
+def _repeats(repeats: dict[str, int]) -> dict[str, int]:
+    """Repeats that change the prompt order (1 is no repeat), so ``{}`` and ``{x: 1}`` agree."""
+    return {k: v for k, v in sorted(repeats.items()) if v != 1}
 
 
 def check_stage_settings(cfg: Config, out: Path) -> None:

@@ -35,6 +35,8 @@ from ctxpick.rl.stage_settings import check_stage_settings
 from ctxpick.rl.steps import Rollouts, collect, learn, sft_step, validate
 from ctxpick.tracking import Tracker
 
+BEST_RECORD = "best.json"  # in best/: the step its weights are from and their validation reward
+
 
 def train(cfg: Config, run: Run | None = None) -> Path:
     """Run (or resume) the configured stage; returns the folder of its final weights.
@@ -48,7 +50,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
         return done
     data = _load_data(cfg)
     spec = reward_spec(cfg)
-    stream = PromptStream(data["train"], rl.prompts_per_step, cfg.seed)
+    stream = PromptStream(data["train"], rl.prompts_per_step, cfg.seed, rl.dataset_repeats)
     out.mkdir(parents=True, exist_ok=True)
     init_ray(cfg.ray.address, cfg.ray.num_cpus)
     print(
@@ -59,7 +61,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     run = run or Run(cfg)
     try:
         run.cfg = cfg  # reused actors serve this stage's prompts, sampling and reward
-        state, ahead = _resume(run, out)
+        state, ahead = _resume(run, cfg, out)
         tracker = Tracker.for_job(cfg, out, stage.name)
         tracker.use_artifact(rl.mined, "dataset")
         if stage.init_from:
@@ -67,7 +69,8 @@ def train(cfg: Config, run: Run | None = None) -> Path:
         metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
         stop = _StopOnSigterm()
         print(
-            f"[{stage.name}] {len(data['train'])} train / {len(data['val'])} val prompts, "
+            f"[{stage.name}] {len(data['train'])} train ({len(stream.examples)} an epoch) / "
+            f"{len(data['val'])} val prompts, "
             f"{stage.kind}, from step {state.step} to {stage.max_steps}",
             flush=True,
         )
@@ -127,8 +130,14 @@ def train(cfg: Config, run: Run | None = None) -> Path:
                 tracker.log(metrics, step=state.step, tables=tables)
                 print(_progress(stage.name, state, metrics), flush=True)
                 due = state.step % rl.save_every == 0 or state.step == stage.max_steps
-                if due or state.stop_reason or stop.requested:
+                # A new best is checkpointed before best/ is written: if a crash comes between
+                # the two, the resume holds its weights and writes best/ then (so does the resume
+                # after a SIGTERM, which must not wait for the export).
+                best = rl.keep_best and state.best_step == state.step
+                if due or best or state.stop_reason or stop.requested:
                     _checkpoint(run, out, state, rl.keep_checkpoints, ahead)
+                if best and not stop.requested:
+                    _export_best(run, cfg, out, state)
                 if stop.requested:
                     # `ray job stop`, Kubernetes or a scheduler: keep the step just done, then go.
                     print(
@@ -148,16 +157,22 @@ def train(cfg: Config, run: Run | None = None) -> Path:
                 )
                 run.shutdown()
                 run, owned = Run(cfg), True
-                state, ahead = _resume(run, out)
+                state, ahead = _resume(run, cfg, out)
                 metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
-        final = out / "final"
-        run.learners.call("save_pretrained", str(final))
-        picker_spec(cfg).save(final)  # the prompt and passage cut inference must use
+        final = _export(run, cfg, out / "final")
         (out / "result.json").write_text(json.dumps(asdict(state), indent=2))
         tracker.log_artifact(final, "model")
         tracker.finish()
         why = state.stop_reason or "max_steps"
         print(f"[{stage.name}] done at step {state.step} ({why}); weights: {final}", flush=True)
+        if rl.keep_best:
+            kept = _best_on_disk(out)
+            print(
+                f"[{stage.name}] best validation reward {state.best_val:+.3f} at step "
+                f"{state.best_step}; {out / 'best'} holds "
+                + (f"step {kept}" if kept else "nothing (no step's weights were kept)"),
+                flush=True,
+            )
         return final
     finally:  # whatever ended it (a SIGTERM's exit too): this call's handler and actors
         if stop is not None:
@@ -192,12 +207,64 @@ def _evaluate(
     metrics = validate(run, val, spec)
     state.val_history.append({"step": state.step, **metrics})
     if metrics["val/reward"] > state.best_val + 1e-9:
-        state.best_val, state.bad_evals = metrics["val/reward"], 0
+        state.best_val, state.best_step, state.bad_evals = metrics["val/reward"], state.step, 0
     else:
         state.bad_evals += 1
         if state.bad_evals >= patience:
             state.stop_reason = f"validation reward did not improve for {patience} evaluations"
     return metrics
+
+
+def _export(run: Run, cfg: Config, folder: Path) -> Path:
+    """The learners' weights as a picker folder, with the prompt and passage cut inference must
+    use."""
+    run.learners.call("save_pretrained", str(folder))
+    picker_spec(cfg).save(folder)
+    return folder
+
+
+def _export_best(run: Run, cfg: Config, out: Path, state: TrainState) -> None:
+    """``best/``: the weights of the step with the best validation reward so far (rl.keep_best),
+    and that step in ``best.json``. Written beside and then swapped in, so ``best/`` is never
+    half-written. A crash during the swap leaves no ``best/`` at all, but it comes right after
+    the best step's checkpoint, so the resume loads that step and writes it again."""
+    tmp, best, old = out / "best.tmp", out / "best", out / "best.old"
+    _clear_stale_best(out)
+    _export(run, cfg, tmp)
+    record = {"step": state.best_step, "val_reward": state.best_val}
+    (tmp / BEST_RECORD).write_text(json.dumps(record) + "\n")
+    if best.exists():
+        best.rename(old)
+    tmp.rename(best)
+    _clear_stale_best(out)
+
+
+def _restore_best(run: Run, cfg: Config, out: Path, state: TrainState) -> None:
+    """On resume: ``best/`` must hold the best step's weights. A crash between that step's
+    checkpoint and its export left them only in the checkpoint just loaded: write them now."""
+    if state.best_step == _best_on_disk(out):
+        _clear_stale_best(out)  # a crash after the swap, before its clean-up
+        return
+    if state.best_step != state.step:
+        print(
+            f"  {out / 'best'} does not hold step {state.best_step}'s weights (the best "
+            f"validation reward, {state.best_val:+.3f}), and no checkpoint loaded does: "
+            "best/ will hold the next step that beats it",
+            flush=True,
+        )
+        return
+    _export_best(run, cfg, out, state)
+
+
+def _clear_stale_best(out: Path) -> None:
+    for stale in ("best.tmp", "best.old"):
+        shutil.rmtree(out / stale, ignore_errors=True)
+
+
+def _best_on_disk(out: Path) -> int:
+    """The step whose weights ``best/`` holds (0: none)."""
+    record = out / "best" / BEST_RECORD
+    return json.loads(record.read_text())["step"] if record.exists() else 0
 
 
 def _checkpoint(run: Run, out: Path, state: TrainState, keep: int, ahead: Rollouts | None) -> None:
@@ -249,7 +316,7 @@ def _finished(cfg: Config, out: Path) -> Path | None:
     return final
 
 
-def _resume(run: Run, out: Path) -> tuple[TrainState, Rollouts | None]:
+def _resume(run: Run, cfg: Config, out: Path) -> tuple[TrainState, Rollouts | None]:
     latest = out / "checkpoints" / "latest"
     if not latest.exists():
         return TrainState(), None
@@ -260,8 +327,13 @@ def _resume(run: Run, out: Path) -> tuple[TrainState, Rollouts | None]:
         )
     client = run.learners.call("load_checkpoint", str(out / "checkpoints"), tag)[0]
     state = TrainState(**client["trainer"])
+    if not state.best_step:  # a checkpoint from before best_step was recorded
+        best = (h["step"] for h in state.val_history if h["val/reward"] == state.best_val)
+        state.best_step = next(best, 0)
     run.sync_weights()
     print(f"  resumed from {out / 'checkpoints' / tag} at step {state.step}", flush=True)
+    if cfg.rl.keep_best:
+        _restore_best(run, cfg, out, state)
     ahead = client.get("ahead")
     return state, pickle.loads(ahead) if ahead else None
 
