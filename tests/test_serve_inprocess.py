@@ -25,14 +25,16 @@ FACTS = [
     ("Which planet is red?", "Mars is called the red planet because of iron oxide."),
     ("What do bees make?", "Bees make honey from the nectar of flowers."),
     ("How long is a marathon?", "A marathon is 42.195 kilometres long."),
-    ("Who wrote Don Quixote?", "Miguel de Cervantes wrote Don Quixote."),
+    ("What is the capital of Japan?", "Tokyo is the capital of Japan."),
     ("What is the hardest mineral?", "Diamond is the hardest natural mineral."),
     ("Where is the Sahara?", "The Sahara desert lies in North Africa."),
 ]
 QUESTIONS = [q for q, _ in FACTS]
-# Greedy outputs computed in batches of other sizes may part ways late in a long output (CPU
-# kernels are not batch-invariant); answers are compared on their first words, which differ
-# from question to question, so a swapped answer shows there.
+# CPU kernels are not batch-invariant: a greedy output computed in a batch of another size can
+# part ways where two tokens' logits nearly tie. In bf16 that happened by the fourth token (a CI
+# run, 2026-12-05); the engine here computes in float32, where such near-ties are far rarer, and
+# answers are compared on their first words, which differ from question to question, so a
+# swapped answer shows there.
 HEAD = 40
 
 
@@ -46,9 +48,13 @@ def heads(sels):
 
 @pytest.fixture(scope="module")
 def picker():
+    from ctxpick.engines.vllm_engine import VLLMEngine
     from ctxpick.picker.inference import Picker
 
-    return Picker.from_pretrained("smollm2-135m", max_model_len=2048)
+    def engine(folder):
+        return VLLMEngine(folder, max_model_len=2048, cpu_kv_cache_gb=1, dtype="float32")
+
+    return Picker.from_pretrained("smollm2-135m", engine=engine)
 
 
 @pytest.fixture(scope="module")
