@@ -15,7 +15,8 @@ the smallest budget with no more invalid outputs on any dataset than the largest
 line names it.
 
 At the grid's largest budget (the one the levers' rows in RESULTS.md report) each question's
-evidence F1, set size and validity go to ``<output_dir>/validation_f1.jsonl``. ``--against``
+evidence F1, set size and validity (with the parser's reason when invalid, and the output
+itself) go to ``<output_dir>/validation_f1.jsonl``. ``--against``
 another run's file (repeatable) prints the paired difference (this picker minus that one)
 with its 95% bootstrap interval, per dataset and on the average over datasets (a question's
 two scores resampled as a pair, each dataset on its own), so a lever is compared on the same
@@ -68,7 +69,13 @@ def main() -> None:
         parser.error(f"--cap {args.cap}: at least the grid's largest budget, {max(GRID)}")
     references = {path: _read_per_question(path) for path in args.against}
     cfg, folder, spec, items, pools = picker_validation_set(args.picker, overrides)
+    saved = Path(cfg.output_dir) / "validation_f1.jsonl"
     for path, reference in references.items():  # before the decode, which takes minutes
+        if path.resolve() == saved.resolve():
+            raise SystemExit(
+                f"--against {path} is this run's own output, which it overwrites: compare "
+                "against another run's file, or give this run another output_dir"
+            )
         _check_same_questions(items, reference, path)
     engine = EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed)
     try:
@@ -102,10 +109,10 @@ def main() -> None:
             shown = ps[: spec.max_passages]
             try:
                 kept = [shown[i - 1] for i in parse_pick(text, len(shown), spec.output_format).ids]
-                bad = False
-            except InvalidPick:
+                why = None
+            except InvalidPick as e:
                 kept = fallback_passages(ps, cfg.eval.picker_fallback, cfg.eval.picker_fallback_k)
-                bad = True
+                why = str(e)
             gold = r.item.gold_pids
             rows.append(
                 {
@@ -113,13 +120,14 @@ def main() -> None:
                     "dataset": r.item.example.dataset,
                     "f1": set_f1([p.pid for p in kept], gold) if gold else None,
                     "size": len(kept),
-                    "invalid": bad,
+                    "invalid": why is not None,
+                    "why_invalid": why,
+                    "output": text,
                 }
             )
         return rows
 
     at = {budget: scored(budget) for budget in GRID}
-    saved = Path(cfg.output_dir) / "validation_f1.jsonl"
     saved.write_text("".join(json.dumps(row) + "\n" for row in at[max(GRID)]))
     print(f"{saved}: each question at {max(GRID)} tokens", flush=True)
     for path, reference in references.items():
@@ -189,6 +197,8 @@ def _check_same_questions(items: list, reference: dict[Key, dict], path: Path) -
     """A paired comparison needs every question of this run in the reference, with gold in
     both or in neither."""
     keys = [(r.item.example.dataset, r.item.example.id) for r in items]
+    if not any(r.item.gold_pids for r in items):
+        raise SystemExit(f"--against {path}: no validation question has gold, nothing to pair")
     if len(set(keys)) != len(keys):
         raise SystemExit("the validation set lists a question twice: no pairing is possible")
     missing = [k for k in keys if k not in reference]

@@ -91,6 +91,28 @@ def test_dataset_repeats_oversample_within_each_epoch():
         PromptStream(many + few, 3, seed=1, repeats={"musique": 2})
 
 
+def test_restoring_best_on_resume_writes_only_the_loaded_best_and_clears_a_swaps_leftovers(
+    tmp_path, monkeypatch
+):
+    """rl.keep_best on resume: best/ already naming the best step stays (the leftovers of a
+    swap that ended before its clean-up go); a best step the loaded checkpoint holds is
+    written; one that no loaded checkpoint holds is not (nothing to write it from)."""
+    import ctxpick.rl.trainer as trainer
+
+    written = []
+    monkeypatch.setattr(trainer, "_export_best", lambda run, cfg, out, st: written.append(st.step))
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / trainer.BEST_RECORD).write_text('{"step": 2, "val_reward": 0.5}')
+    for stale in ("best.tmp", "best.old"):
+        (tmp_path / stale).mkdir()
+    trainer._restore_best(None, None, tmp_path, TrainState(step=3, best_step=2))
+    assert [p.name for p in tmp_path.iterdir()] == ["best"] and written == []
+    trainer._restore_best(None, None, tmp_path, TrainState(step=5, best_step=4))
+    assert written == []
+    trainer._restore_best(None, None, tmp_path, TrainState(step=4, best_step=4))
+    assert written == [4]
+
+
 def test_prompt_groups_micro_batches_and_equal_passes_per_rank():
     def seq(prompt, resp, group):
         return TrainSequence([*prompt, *resp], len(prompt), group=group)

@@ -95,12 +95,15 @@ def _steps(folder):
     }
 
 
-def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys):
+def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys, monkeypatch):
     """Reference: 3 uninterrupted steps, checkpoint every step. Then resume from step 1
     (mid-epoch: 4 prompts, 2 per step) and from step 2 (epoch boundary) on other actors:
     same step, same next batches, same rewards, same final weights. The resume from step 1
-    also loses a learner after its step-2 checkpoint: the stage restarts its actors from
-    that checkpoint and still ends with the reference's weights."""
+    also loses a learner after its step-2 checkpoint, and then a rollout worker of the
+    actors that replace it as they resume: each death is a restart from that checkpoint, and
+    the stage still ends with the reference's weights."""
+    import ctxpick.rl.trainer as trainer
+
     # First in the module, so the shared actors are still freshly initialised.
     ref_cfg = tiny(
         root,
@@ -125,14 +128,18 @@ def test_resume_continues_with_the_same_batches_and_weights(run, root, capsys):
                 "stage.max_steps=3",
                 "rl.save_every=1",
                 "rl.val_every=100",
-                "rl.max_restarts=1",
+                "rl.max_restarts=2",
                 "wandb.mode=offline",
             )
             if resume_at == 1:
                 victim = Run(cfg)  # train() replaces it after the kill
                 _kill_after_checkpoint(victim.learners.actors[0], folder, 2)
+                monkeypatch.setattr(trainer, "Run", _first_loses_a_rollout_worker(Run))
                 final = _train_or_free(cfg, victim)
-                assert "restart 1/1 from the last checkpoint" in capsys.readouterr().out
+                out = capsys.readouterr().out
+                assert "restart 1/2 from the last checkpoint" in out
+                assert "restart 2/2 from the last checkpoint" in out
+                monkeypatch.undo()
             else:
                 final = train(cfg, run=run)
             steps = _steps(folder)
@@ -184,6 +191,22 @@ def _kill_after_checkpoint(actor, folder, step):
         ray.kill(actor)
 
     threading.Thread(target=kill, daemon=True).start()
+
+
+def _first_loses_a_rollout_worker(run_cls):
+    """``run_cls``, whose first instance has its rollout worker killed as it starts: it dies
+    while the trainer resumes onto it."""
+    import ray
+
+    made = []
+
+    def start(cfg):
+        made.append(run_cls(cfg))
+        if len(made) == 1:
+            ray.kill(made[0].engines.actors[0])
+        return made[-1]
+
+    return start
 
 
 def _train_or_free(cfg, run):

@@ -67,6 +67,7 @@ class Run:
             ray.util.remove_placement_group(self.pg)
             raise
         self.rewards = RewardClient(cfg.rewards.timeout_s, cfg.rewards.fallback)
+        self.closed = False
 
     def sync_weights(self) -> float:
         """Push the learners' policy to the rollout workers (the LoRA adapter alone, or whole
@@ -80,6 +81,11 @@ class Run:
         return time.time() - t0
 
     def shutdown(self) -> None:
+        # Once: after an actor's death the trainer shuts a run down before it starts the next,
+        # and if that start fails the dead run is still the one its clean-up holds.
+        if self.closed:
+            return
+        self.closed = True
         self.engines.shutdown()
         self.learners.shutdown()
         self.rewards.shutdown()

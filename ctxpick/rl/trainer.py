@@ -74,9 +74,17 @@ def train(cfg: Config, run: Run | None = None) -> Path:
             f"{stage.kind}, from step {state.step} to {stage.max_steps}",
             flush=True,
         )
-        restarts = 0
-        while state.step < stage.max_steps and not state.stop_reason:
+        restarts, restarting = 0, False
+        while restarting or (state.step < stage.max_steps and not state.stop_reason):
             try:
+                if restarting:
+                    # In the try: an actor that dies while the new ones start or resume counts
+                    # as one more restart, not a crash of the stage.
+                    run, owned = Run(cfg), True
+                    state, ahead = _resume(run, cfg, out)
+                    metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
+                    restarting = False
+                    continue
                 t0, tables = time.time(), {}
                 more = partial(stream.next_batch, state)  # dynamic sampling's extra prompts
                 if stage.kind == "sft":
@@ -156,9 +164,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
                     flush=True,
                 )
                 run.shutdown()
-                run, owned = Run(cfg), True
-                state, ahead = _resume(run, cfg, out)
-                metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
+                restarting = True
         final = _export(run, cfg, out / "final")
         (out / "result.json").write_text(json.dumps(asdict(state), indent=2))
         tracker.log_artifact(final, "model")
