@@ -7,20 +7,21 @@ An output cut off by the budget does not parse, and the picker falls back to the
 smaller budget's outputs exactly. The validation questions are the dev-file questions right
 after the ones ``demo.eval_sources`` evaluates (each source's ``offset + limit`` onwards), with
 the evaluation's chunks and pools. For each budget of the grid it prints, per dataset, the
-share of outputs that do not parse, and the evidence F1 and mean size of what would be sent
-(the fallback's passages for those). The rule, fixed before the first run: the smallest
-budget at which no dataset has more than 2% invalid outputs. None met it in that run (an
-output that never closes is invalid at any budget), so a second rule, set after it, takes
-the smallest budget with no more invalid outputs on any dataset than the largest. The last
-line names it.
+share of outputs that do not parse (and, "with whole ids", the share that do not parse although
+their ``<ids>`` part does: an ids-first output that went wrong only after its decision), and
+the evidence F1 and mean size of what would be sent (the fallback's passages for those). The
+rule, fixed before the first run: the smallest budget at which no dataset has more than 2%
+invalid outputs. None met it in that run (an output that never closes is invalid at any
+budget), so a second rule, set after it, takes the smallest budget with no more invalid
+outputs on any dataset than the largest. The last line names it.
 
 At the grid's largest budget (the one the levers' rows in RESULTS.md report) each question's
 evidence F1, set size and validity (with the parser's reason when invalid, and the output
-itself) go to ``<output_dir>/validation_f1.jsonl``. ``--against``
-another run's file (repeatable) prints the paired difference (this picker minus that one)
-with its 95% bootstrap interval, per dataset and on the average over datasets (a question's
-two scores resampled as a pair, each dataset on its own), so a lever is compared on the same
-questions with its uncertainty, not by two point estimates.
+itself) go to ``<output_dir>/validation_f1.jsonl``. ``--against`` another run's file
+(repeatable) prints the paired difference (this picker minus that one) with its 95% bootstrap
+interval, per dataset and on the average over datasets (a question's two scores resampled as a
+pair, each dataset on its own), so a lever is compared on the same questions with its
+uncertainty, not by two point estimates.
 
 Run, from the repository root:
     .venv/bin/python benchmarks/tune_picker_max_tokens.py --picker ctxpick-picker-0.5b \
@@ -45,7 +46,7 @@ from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.eval.stats import bootstrap_mean, stratified_mean
 from ctxpick.picker.diagnostics import set_f1
-from ctxpick.picker.format import InvalidPick, parse_pick
+from ctxpick.picker.format import FORMATS, InvalidPick, parse_pick
 from ctxpick.picker.inference import generate_picks
 from ctxpick.picker.selection import fallback_passages
 
@@ -70,8 +71,10 @@ def main() -> None:
     references = {path: _read_per_question(path) for path in args.against}
     cfg, folder, spec, items, pools = picker_validation_set(args.picker, overrides)
     saved = Path(cfg.output_dir) / "validation_f1.jsonl"
+    if references and not any(r.item.gold_pids for r in items):
+        raise SystemExit("no validation question has gold: --against has nothing to pair")
     for path, reference in references.items():  # before the decode, which takes minutes
-        if path.resolve() == saved.resolve():
+        if saved.exists() and path.samefile(saved):
             raise SystemExit(
                 f"--against {path} is this run's own output, which it overwrites: compare "
                 "against another run's file, or give this run another output_dir"
@@ -122,6 +125,8 @@ def main() -> None:
                     "size": len(kept),
                     "invalid": why is not None,
                     "why_invalid": why,
+                    # the ids of an invalid output parse alone: what it lacks is after them
+                    "decided": why is not None and _decided(text, len(shown), spec.output_format),
                     "output": text,
                 }
             )
@@ -135,13 +140,15 @@ def main() -> None:
     chosen, rates = None, {}
     for budget in GRID:
         invalid, f1, size = defaultdict(list), defaultdict(list), defaultdict(list)
+        decided = defaultdict(list)
         for row in at[budget]:
             invalid[row["dataset"]].append(row["invalid"])
+            decided[row["dataset"]].append(row["decided"])
             size[row["dataset"]].append(row["size"])
             if row["f1"] is not None:
                 f1[row["dataset"]].append(row["f1"])
         cells = "  ".join(
-            f"{d} {np.mean(v):5.1%} invalid"
+            f"{d} {np.mean(v):5.1%} invalid ({np.mean(decided[d]):.1%} with whole ids)"
             + (f", F1 {np.mean(f1[d]):.3f}" if f1[d] else "")
             + f", |S| {np.mean(size[d]):.2f}"
             + f" (n={len(v)})"
@@ -165,6 +172,18 @@ def main() -> None:
 
 
 Key = tuple[str, str]  # (dataset, question id)
+
+
+def _decided(text: str, num_passages: int, fmt: str) -> bool:
+    """An ids-first output whose ``<ids>...</ids>`` parses on its own, whatever follows it (a
+    rationale the budget cut off, say): the decision was made before the output went wrong."""
+    if fmt != FORMATS["ids_rationale"] or "</ids>" not in text:
+        return False
+    try:
+        parse_pick(text[: text.index("</ids>") + len("</ids>")], num_passages, FORMATS["ids"])
+    except InvalidPick:
+        return False
+    return True
 
 
 def _read_per_question(path: Path) -> dict[Key, dict]:
@@ -197,8 +216,6 @@ def _check_same_questions(items: list, reference: dict[Key, dict], path: Path) -
     """A paired comparison needs every question of this run in the reference, with gold in
     both or in neither."""
     keys = [(r.item.example.dataset, r.item.example.id) for r in items]
-    if not any(r.item.gold_pids for r in items):
-        raise SystemExit(f"--against {path}: no validation question has gold, nothing to pair")
     if len(set(keys)) != len(keys):
         raise SystemExit("the validation set lists a question twice: no pairing is possible")
     missing = [k for k in keys if k not in reference]

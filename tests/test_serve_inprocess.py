@@ -48,13 +48,9 @@ def heads(sels):
 
 @pytest.fixture(scope="module")
 def picker():
-    from ctxpick.engines.vllm_engine import VLLMEngine
     from ctxpick.picker.inference import Picker
 
-    def engine(folder):
-        return VLLMEngine(folder, max_model_len=2048, cpu_kv_cache_gb=1, dtype="float32")
-
-    return Picker.from_pretrained("smollm2-135m", engine=engine)
+    return Picker.from_pretrained("smollm2-135m", max_model_len=2048, dtype="float32")
 
 
 @pytest.fixture(scope="module")

@@ -62,11 +62,11 @@ class Run:
             from ctxpick.engines.models import resolve
 
             self.tokenizer = AutoTokenizer.from_pretrained(resolve(model))
+            self.rewards = RewardClient(cfg.rewards.timeout_s, cfg.rewards.fallback)
         except BaseException:
             # A start that fails half-way: removing the group kills what it already placed.
             ray.util.remove_placement_group(self.pg)
             raise
-        self.rewards = RewardClient(cfg.rewards.timeout_s, cfg.rewards.fallback)
         self.closed = False
 
     def sync_weights(self) -> float:
@@ -86,7 +86,9 @@ class Run:
         if self.closed:
             return
         self.closed = True
-        self.engines.shutdown()
-        self.learners.shutdown()
-        self.rewards.shutdown()
-        ray.util.remove_placement_group(self.pg)
+        try:
+            self.engines.shutdown()
+            self.learners.shutdown()
+            self.rewards.shutdown()
+        finally:  # the group's removal frees its engines and learners whatever failed above
+            ray.util.remove_placement_group(self.pg)

@@ -84,6 +84,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
                     state, ahead = _resume(run, cfg, out)
                     metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
                     restarting = False
+                    stop.exit_if_requested(stage.name, state.step, tracker)
                     continue
                 t0, tables = time.time(), {}
                 more = partial(stream.next_batch, state)  # dynamic sampling's extra prompts
@@ -146,13 +147,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
                     _checkpoint(run, out, state, rl.keep_checkpoints, ahead)
                 if best and not stop.requested:
                     _export_best(run, cfg, out, state)
-                if stop.requested:
-                    # `ray job stop`, Kubernetes or a scheduler: keep the step just done, then go.
-                    print(
-                        f"[{stage.name}] SIGTERM: checkpoint at step {state.step}, exit", flush=True
-                    )
-                    tracker.finish()
-                    sys.exit(128 + signal.SIGTERM)
+                stop.exit_if_requested(stage.name, state.step, tracker)
             except RayActorError as err:
                 # A dead learner or rollout worker: new actors, back to the last checkpoint.
                 restarts += 1
@@ -298,6 +293,14 @@ class _StopOnSigterm:
     def _request(self, signum: int, frame: Any) -> None:
         print("  SIGTERM received: stopping after this step", flush=True)
         self.requested = True
+
+    def exit_if_requested(self, stage: str, step: int, tracker: Tracker) -> None:
+        """After a SIGTERM (`ray job stop`, Kubernetes or a scheduler), once step ``step``'s
+        checkpoint is on disk: go."""
+        if self.requested:
+            print(f"[{stage}] SIGTERM: checkpoint at step {step}, exit", flush=True)
+            tracker.finish()
+            sys.exit(128 + signal.SIGTERM)
 
     def restore(self) -> None:
         if self.previous is not None:
