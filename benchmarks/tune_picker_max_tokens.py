@@ -7,9 +7,12 @@ An output cut off by the budget does not parse, and the picker falls back to the
 smaller budget's outputs exactly. The validation questions are the dev-file questions right
 after the ones ``demo.eval_sources`` evaluates (each source's ``offset + limit`` onwards), with
 the evaluation's chunks and pools. For each budget of the grid it prints, per dataset, the
-share of outputs that do not parse (and, "with whole ids", the share that do not parse although
-their ``<ids>`` part does: an ids-first output that went wrong only after its decision), and
-the evidence F1 and mean size of what would be sent (the fallback's passages for those). The
+share of outputs that are invalid as served (:func:`~ctxpick.picker.format.read_pick`) and
+the share whose ids-first decision is read although its rationale was cut off (invalid to the
+training reward's strict parser; counted "invalid" by this script before 2026-12-06), and
+the evidence F1 and mean size of what would be sent (the fallback's passages for the invalid
+ones). ``--constrained`` / ``--no-constrained`` decode constrained to the output format or not
+(default: as the picker's ``picker.json`` says). The
 rule, fixed before the first run: the smallest budget at which no dataset has more than 2%
 invalid outputs. None met it in that run (an output that never closes is invalid at any
 budget), so a second rule, set after it, takes the smallest budget with no more invalid
@@ -46,7 +49,7 @@ from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.eval.stats import bootstrap_mean, stratified_mean
 from ctxpick.picker.diagnostics import set_f1
-from ctxpick.picker.format import FORMATS, InvalidPick, parse_pick
+from ctxpick.picker.format import InvalidPick, read_pick
 from ctxpick.picker.inference import generate_picks
 from ctxpick.picker.selection import fallback_passages
 
@@ -65,6 +68,11 @@ def main() -> None:
         default=[],
         help="another picker's validation_f1.jsonl, compared paired (repeatable)",
     )
+    parser.add_argument(
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        help="decode constrained to the output format (default: as its picker.json says)",
+    )
     args, overrides = parser.parse_known_args()
     if args.cap < max(GRID):
         parser.error(f"--cap {args.cap}: at least the grid's largest budget, {max(GRID)}")
@@ -80,6 +88,8 @@ def main() -> None:
                 "against another run's file, or give this run another output_dir"
             )
         _check_same_questions(items, reference, path)
+    constrained = spec.constrained if args.constrained is None else args.constrained
+    print(f"decoding {'constrained' if constrained else 'unconstrained'}", flush=True)
     engine = EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed)
     try:
         outs = generate_picks(
@@ -88,7 +98,7 @@ def main() -> None:
             [min(len(ps), spec.max_passages) for ps in pools],
             SamplingConfig(temperature=0.0, max_tokens=args.cap),
             spec,
-            constrained=False,
+            constrained=constrained,
         )
     finally:
         engine.shutdown()
@@ -111,11 +121,11 @@ def main() -> None:
             text = tokenizer.decode(out[0].token_ids[:budget], skip_special_tokens=True)
             shown = ps[: spec.max_passages]
             try:
-                kept = [shown[i - 1] for i in parse_pick(text, len(shown), spec.output_format).ids]
-                why = None
+                pick = read_pick(text, len(shown), spec.output_format)
+                kept, why, cut = [shown[i - 1] for i in pick.ids], None, pick.cut
             except InvalidPick as e:
                 kept = fallback_passages(ps, cfg.eval.picker_fallback, cfg.eval.picker_fallback_k)
-                why = str(e)
+                why, cut = str(e), False
             gold = r.item.gold_pids
             rows.append(
                 {
@@ -125,8 +135,8 @@ def main() -> None:
                     "size": len(kept),
                     "invalid": why is not None,
                     "why_invalid": why,
-                    # the ids of an invalid output parse alone: what it lacks is after them
-                    "decided": why is not None and _decided(text, len(shown), spec.output_format),
+                    # read at </ids>: the budget cut the rationale after the decision
+                    "cut": cut,
                     "output": text,
                 }
             )
@@ -140,15 +150,15 @@ def main() -> None:
     chosen, rates = None, {}
     for budget in GRID:
         invalid, f1, size = defaultdict(list), defaultdict(list), defaultdict(list)
-        decided = defaultdict(list)
+        cut = defaultdict(list)
         for row in at[budget]:
             invalid[row["dataset"]].append(row["invalid"])
-            decided[row["dataset"]].append(row["decided"])
+            cut[row["dataset"]].append(row["cut"])
             size[row["dataset"]].append(row["size"])
             if row["f1"] is not None:
                 f1[row["dataset"]].append(row["f1"])
         cells = "  ".join(
-            f"{d} {np.mean(v):5.1%} invalid ({np.mean(decided[d]):.1%} with whole ids)"
+            f"{d} {np.mean(v):5.1%} invalid ({np.mean(cut[d]):.1%} read at </ids>)"
             + (f", F1 {np.mean(f1[d]):.3f}" if f1[d] else "")
             + f", |S| {np.mean(size[d]):.2f}"
             + f" (n={len(v)})"
@@ -172,18 +182,6 @@ def main() -> None:
 
 
 Key = tuple[str, str]  # (dataset, question id)
-
-
-def _decided(text: str, num_passages: int, fmt: str) -> bool:
-    """An ids-first output whose ``<ids>...</ids>`` parses on its own, whatever follows it (a
-    rationale the budget cut off, say): the decision was made before the output went wrong."""
-    if fmt != FORMATS["ids_rationale"] or "</ids>" not in text:
-        return False
-    try:
-        parse_pick(text[: text.index("</ids>") + len("</ids>")], num_passages, FORMATS["ids"])
-    except InvalidPick:
-        return False
-    return True
 
 
 def _read_per_question(path: Path) -> dict[Key, dict]:

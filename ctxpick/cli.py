@@ -25,7 +25,7 @@ utilities:
   data stats PATH [--format NAME] [--strict]   counts for a dataset file
   models prepare [NAME ...]                    prepare built-in models / shipped pickers (once)
   models list                                  built-in models and shipped pickers
-  models ship FINAL --name NAME [--max-rank R] [--max-tokens N]
+  models ship FINAL --name NAME [--max-rank R] [--max-tokens N] [--constrained]
                                                copy a trained LoRA picker into the package
   openapi [--write]                            the service's OpenAPI schema (docs/openapi.json)
 """
@@ -163,16 +163,28 @@ def _models(argv: list[str]) -> None:
         help="ship: the output budget served, if not the one trained with (chosen on "
         "validation: benchmarks/tune_picker_max_tokens.py)",
     )
+    parser.add_argument(
+        "--constrained",
+        action=argparse.BooleanOptionalAction,
+        help="ship: decode constrained to the output format, if not as trained (chosen on "
+        "validation: benchmarks/tune_picker_max_tokens.py --constrained)",
+    )
     args = parser.parse_args(argv)
     if args.action == "ship":
         if len(args.names) != 1 or not args.name:
             sys.exit(
                 "usage: ctxpick models ship FINAL_FOLDER --name NAME [--base ALIAS] "
-                "[--summary TEXT] [--max-rank R] [--max-tokens N]"
+                "[--summary TEXT] [--max-rank R] [--max-tokens N] [--[no-]constrained]"
             )
         try:
             picker, cut_error = ship(
-                args.names[0], args.name, args.base, args.summary, args.max_rank, args.max_tokens
+                args.names[0],
+                args.name,
+                args.base,
+                args.summary,
+                args.max_rank,
+                args.max_tokens,
+                args.constrained,
             )
         except (OSError, ValueError) as err:  # a folder that is not a LoRA stage's final/
             sys.exit(f"ctxpick models ship: {err}")

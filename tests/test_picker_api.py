@@ -4,19 +4,22 @@ passages in retriever order, caller ids, the fallback policies, the token budget
 import pytest
 
 from ctxpick.engines.base import Completion
-from ctxpick.picker.inference import Picker
-from ctxpick.picker.selection import Selection
+from ctxpick.picker.format import FORMATS
+from ctxpick.picker.inference import RATIONALE_CUT, Picker
+from ctxpick.picker.selection import Selection, as_passages
 from ctxpick.picker.spec import PickerSpec
 
 
 class Scripted:
-    """Answers each chat with the next scripted output; records the batch sizes."""
+    """Answers each chat with the next scripted output; records the batch sizes and the
+    output pattern each call was constrained to."""
 
     def __init__(self, *outputs):
-        self.outputs, self.calls = list(outputs), []
+        self.outputs, self.calls, self.regexes = list(outputs), [], []
 
     def generate(self, chats, sampling):
         self.calls.append(len(chats))
+        self.regexes.append(sampling.regex)
         return [[Completion(self.outputs.pop(0), [], 0)] for _ in chats]
 
 
@@ -46,6 +49,27 @@ def test_an_invalid_output_falls_back_and_says_so(policy, kept):
     sel = picker("I think passage 2", fallback=policy, fallback_k=2).pick("q", CANDIDATES)
     assert not sel.valid and sel.indices == kept
     assert policy in sel.fallback and "invalid output" in sel.fallback
+
+
+def test_an_ids_first_output_cut_in_its_rationale_is_served_as_decided():
+    spec = PickerSpec("sys", 3, 50, 32, FORMATS["ids_rationale"])
+    p = Picker(Scripted("<ids>[3]</ids><rationale>[3] names the", "<ids>[3]</ids> no"), spec)
+    cut, broken = p.pick_many(["q", "q"], [CANDIDATES] * 2)
+    assert cut.valid and cut.fallback is None and cut.indices == [2]
+    assert cut.rationale == "[3] names the"
+    assert not broken.valid and broken.indices == [0, 1] and "invalid output" in broken.fallback
+    [decision] = Picker(Scripted("<ids>[3]</ids><rationale>[3] names"), spec).decide(
+        ["q"], [as_passages(CANDIDATES)]
+    )
+    assert decision.valid and decision.reason == RATIONALE_CUT
+
+
+@pytest.mark.parametrize("in_spec,given,constrained", [(True, None, True), (True, False, False)])
+def test_a_picker_decodes_as_its_picker_json_says_unless_told(in_spec, given, constrained):
+    spec = PickerSpec("sys", 3, 50, 32, constrained=in_spec)
+    p = Picker(Scripted("<rationale>r</rationale><ids>[1]</ids>"), spec, constrained=given)
+    assert p.pick("q", CANDIDATES).valid
+    assert (p.engine.regexes[0] is not None) == constrained
 
 
 def test_the_token_budget_cuts_the_last_kept_passages():

@@ -14,6 +14,7 @@ from ctxpick.picker.format import (
     Pick,
     output_regex,
     parse_pick,
+    read_pick,
     render_pick,
 )
 from ctxpick.rewards.reward import RewardSpec, score_output, set_reward
@@ -61,7 +62,7 @@ def test_every_output_format_round_trips_and_constrains(name):
     import re
 
     fmt = FORMATS[name]
-    pick = Pick("" if name == "ids" else "needs A", (3, 1))
+    pick = Pick("" if name == "ids" else "needs A", (1, 3))
     text = render_pick(pick, fmt)
     assert parse_pick(f" {text}\n", 5, fmt) == pick
     assert re.fullmatch(output_regex(5, fmt), text)
@@ -77,10 +78,62 @@ def test_constrained_regex_matches_valid_outputs_only():
     import re
 
     rx = re.compile(output_regex(12))
-    assert rx.fullmatch("<rationale>a b</rationale><ids>[12, 3]</ids>")
+    assert rx.fullmatch("<rationale>a b</rationale><ids>[3, 12]</ids>")
     assert rx.fullmatch("<rationale>a</rationale><ids>[]</ids>")
+    assert rx.fullmatch(f"<rationale>a</rationale><ids>{list(range(1, 13))}</ids>")
     assert not rx.fullmatch("<rationale>a</rationale><ids>[13]</ids>")
     assert not rx.fullmatch("<rationale></rationale><ids>[1]</ids>")
+    # ascending only, so a list cannot repeat an id or run past the pool's size
+    assert not rx.fullmatch("<rationale>a</rationale><ids>[12, 3]</ids>")
+    assert not rx.fullmatch("<rationale>a</rationale><ids>[2, 2]</ids>")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 9), max_size=12), st.integers(1, 9))
+def test_constrained_ids_are_exactly_the_ascending_lists_of_the_pool(ids, n):
+    import re
+
+    text = f"<ids>{ids}</ids>"
+    allowed = bool(re.fullmatch(output_regex(n, FORMATS["ids"]), text))
+    assert allowed == (ids == sorted(set(ids)) and all(i <= n for i in ids))
+    if allowed:
+        assert parse_pick(text, n, FORMATS["ids"]).ids == tuple(ids)
+
+
+@pytest.mark.parametrize(
+    "text,ids,rationale",
+    [
+        ("<ids>[2, 4]</ids><rationale>[2] names the cap", (2, 4), "[2] names the cap"),
+        ("<ids>[2, 4]</ids>\n<ration", (2, 4), ""),
+        ("<ids>[]</ids>", (), ""),
+    ],
+)
+def test_an_ids_first_output_cut_in_its_rationale_keeps_its_decision(text, ids, rationale):
+    """The reader a caller uses keeps the complete decision; the training reward does not:
+    a rationale that runs past the budget still costs the format penalty."""
+    fmt = FORMATS["ids_rationale"]
+    assert read_pick(text, 5, fmt) == Pick(rationale, ids, cut=True)
+    with pytest.raises(InvalidPick):
+        parse_pick(text, 5, fmt)
+    assert not score_output(text, 5, ids, RewardSpec(1, 0.5, output_format=fmt)).format_ok
+    whole = render_pick(Pick("r", ids), fmt)
+    assert read_pick(whole, 5, fmt) == parse_pick(whole, 5, fmt) == Pick("r", ids)
+
+
+@pytest.mark.parametrize(
+    "text,fmt,reason",
+    [
+        ("<ids>[2, 9]</ids><rationale>cut", "ids_rationale", "id 9 out of range"),
+        ("<ids>[2, 4", "ids_rationale", "missing <ids>"),
+        ("<ids>[2]</ids><rationale>r</rationale> more", "ids_rationale", "text outside"),
+        ("<ids>[2]</ids> then <rationale>cut", "ids_rationale", "missing <rationale>"),
+        ("<rationale>cut before the ids", "rationale_ids", "missing <rationale>"),
+        ("<rationale>r</rationale><ids>[2]</ids><rationale>", "rationale_ids", "text outside"),
+    ],
+)
+def test_any_other_defect_stays_invalid_when_read(text, fmt, reason):
+    with pytest.raises(InvalidPick, match=reason):
+        read_pick(text, 5, FORMATS[fmt])
 
 
 @pytest.mark.parametrize(

@@ -119,3 +119,24 @@ def test_an_unknown_engine_kind_is_refused_naming_the_choices():
 
     with pytest.raises(ValueError, match="'process', 'actor'"):
         Picker.from_pretrained("smollm2-135m", engine="gpu")
+
+
+def test_constrained_ids_first_decoding_gives_a_valid_pick_for_every_question(picker):
+    """Decoded constrained to the ids-first format, even an untrained model under a budget
+    that cuts its rationale gives every question a valid pick as served: ascending ids within
+    its pool, decided before the cut."""
+    from dataclasses import replace
+
+    from ctxpick.picker.format import FORMATS
+    from ctxpick.picker.inference import RATIONALE_CUT, Picker
+    from ctxpick.picker.selection import as_passages
+
+    spec = replace(
+        picker.spec, output_format=FORMATS["ids_rationale"], max_tokens=24, constrained=True
+    )
+    pools = [as_passages(pool(i)) for i in range(len(QUESTIONS))]
+    results = Picker(picker.engine, spec).decide(QUESTIONS, pools)
+    assert all(r.valid for r in results), [(r.text, r.reason) for r in results if not r.valid]
+    for r, ps in zip(results, pools, strict=True):
+        assert list(r.ids) == sorted(set(r.ids)) and set(r.ids) <= set(range(1, len(ps) + 1))
+    assert any(r.reason == RATIONALE_CUT for r in results), [r.text for r in results]

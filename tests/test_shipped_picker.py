@@ -117,15 +117,16 @@ def test_a_chain_of_stages_ships_as_one_adapter_whose_merge_is_the_chains(chain,
     assert (shipped.prepared_picker_path(picker) / "model.safetensors").stat().st_mtime_ns == stamp
 
 
-def test_a_picker_ships_with_the_output_budget_chosen_for_it_and_nothing_else_changed(
-    chain, registry
-):
+def test_a_picker_ships_with_the_decoding_chosen_for_it_and_nothing_else_changed(chain, registry):
     root, _ = chain
     trained = load_spec(root / "s2")[1]
     with pytest.raises(ValueError, match="max_tokens >= 1"):
         _ship(root, max_tokens=0)
-    picker = _ship(root, max_tokens=trained.max_tokens + 32)
-    assert load_spec("tiny")[1] == replace(trained, max_tokens=trained.max_tokens + 32)
+    picker = _ship(root, max_tokens=trained.max_tokens + 32, constrained=True)
+    assert not trained.constrained
+    assert load_spec("tiny")[1] == replace(
+        trained, max_tokens=trained.max_tokens + 32, constrained=True
+    )
     assert shipped.file_sha256(picker.folder / "picker.json") == picker.sha256[0]
 
 

@@ -13,6 +13,10 @@ Whitespace is allowed between and around the tags and nothing else. ``ids`` is a
 distinct integers in 1..N; an empty list is a valid (empty) selection. Anything else is invalid
 and :func:`parse_pick` says exactly why, because the reward gives invalid outputs the format
 penalty and the reason is logged.
+
+Training's reward reads outputs strictly (:func:`parse_pick`). A caller reads them as
+:func:`read_pick` does: an ids-first output that the token budget cut off inside its rationale
+keeps its decision, which was complete before the cut.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ _TAG = {
 class Pick:
     rationale: str  # empty in the ids-only format
     ids: tuple[int, ...]  # 1-based positions in the pool shown to the picker, in output order
+    cut: bool = False  # the rationale is unfinished (read_pick): the output ended inside it
 
 
 class InvalidPick(ValueError):
@@ -87,6 +92,25 @@ def parse_pick(text: str, num_passages: int, fmt: str = OUTPUT_FORMAT) -> Pick:
     return Pick(rationale, tuple(seen))
 
 
+def read_pick(text: str, num_passages: int, fmt: str = OUTPUT_FORMAT) -> Pick:
+    """An output as a caller reads it: :func:`parse_pick`, except that an ids-first output
+    (``ids_rationale``) that ends inside its rationale (or its opening tag) is its complete
+    ``<ids>`` decision with ``cut`` set. Only the rationale was lost: a small model's rationale
+    can run past the budget (copying a passage), and sending the fallback instead would
+    discard the decision it made first. Any other defect stays invalid."""
+    try:
+        return parse_pick(text, num_passages, fmt)
+    except InvalidPick:
+        m = re.fullmatch(r"\s*<ids>(.*?)</ids>\s*(.*)", text, re.DOTALL)
+        if fmt != FORMATS["ids_rationale"] or m is None:
+            raise
+        rest, tag = m[2], "<rationale>"
+        if not (tag.startswith(rest) or (rest.startswith(tag) and "</rationale>" not in rest)):
+            raise
+    ids = parse_pick(f"<ids>{m[1]}</ids>", num_passages, FORMATS["ids"]).ids
+    return Pick(rest[len(tag) :].strip(), ids, cut=True)
+
+
 def render_pick(pick: Pick, fmt: str = OUTPUT_FORMAT) -> str:
     text = {
         "rationale": f"<rationale>{pick.rationale}</rationale>",
@@ -109,10 +133,16 @@ def output_regex(
     num_passages: int, fmt: str = OUTPUT_FORMAT, max_rationale_chars: int = 400
 ) -> str:
     """The output format as a regex for vLLM's structured outputs: constrained decoding can
-    then only produce parseable picks (ids may still repeat; the parser catches that)."""
-    digit = "|".join(str(i) for i in range(num_passages, 0, -1))
+    then only produce parseable picks, with ids in ascending order (how the warm start writes
+    them), so a list cannot repeat an id, leave the pool or run on: it holds at most
+    ``num_passages`` ids. Its size grows as ``num_passages`` squared (each first id, then each
+    later one optional), not with the 2**N sets it allows."""
+    ascending = "|".join(
+        str(first) + "".join(f"(, {i})?" for i in range(first + 1, num_passages + 1))
+        for first in range(1, num_passages + 1)
+    )
     text = {
         "rationale": rf"<rationale>[^<]{{1,{max_rationale_chars}}}</rationale>",
-        "ids": rf"<ids>\[(({digit})(, ({digit}))*)?\]</ids>",
+        "ids": rf"<ids>\[({ascending})?\]</ids>",
     }
     return "".join(text[t] for t in _parts(fmt))

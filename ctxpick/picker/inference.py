@@ -22,7 +22,7 @@ from typing import Any
 from ctxpick.data.schema import Passage
 from ctxpick.engines.base import Chat, Completion, Engine, SamplingConfig
 from ctxpick.picker.batcher import Batcher
-from ctxpick.picker.format import InvalidPick, output_regex, parse_pick
+from ctxpick.picker.format import InvalidPick, output_regex, read_pick
 from ctxpick.picker.selection import (
     FALLBACKS,
     Candidate,
@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 ENGINES = ("process", "actor")  # where Picker.from_pretrained runs the vLLM engine
 
 
+RATIONALE_CUT = "rationale cut off by max_tokens: the decision before it is kept"
+
+
 @dataclass(frozen=True)
 class PickResult:
     # The selected passages, full text, in the order picked; when the output does not parse,
@@ -49,7 +52,7 @@ class PickResult:
     text: str  # the picker's raw output
     rationale: str
     valid: bool
-    reason: str = ""  # why the output was invalid
+    reason: str = ""  # why the output was invalid, or that its rationale was cut off
     ids: tuple[int, ...] | None = None  # 1-based positions picked among those shown
 
 
@@ -60,11 +63,12 @@ def pick_result(
     ``spec.max_passages``); an output that does not parse keeps the ``fallback`` policy's."""
     shown = list(pool[: spec.max_passages])
     try:
-        pick = parse_pick(text, len(shown), spec.output_format)
+        pick = read_pick(text, len(shown), spec.output_format)
     except InvalidPick as err:
         return PickResult(fallback_passages(pool, fallback, fallback_k), text, "", False, str(err))
     chosen = [shown[i - 1] for i in pick.ids]
-    return PickResult(chosen, text, pick.rationale, True, ids=pick.ids)
+    reason = RATIONALE_CUT if pick.cut else ""
+    return PickResult(chosen, text, pick.rationale, True, reason, ids=pick.ids)
 
 
 @dataclass
@@ -73,7 +77,9 @@ class Picker:
     spec: PickerSpec
     fallback: str = "top_k"  # top_k | all: who decides when the output does not parse
     fallback_k: int = 2
-    constrained: bool = False  # constrain decoding to the output format (vLLM structured outputs)
+    # Constrain decoding to the output format (vLLM structured outputs); None: as the picker's
+    # picker.json says.
+    constrained: bool | None = None
     name: str = ""  # the model's name in results and the audit trail
     count_tokens: Callable[[str], int] = field(default=lambda text: len(text.split()))
     # Concurrent pick / apick calls share engine calls of up to this many questions; an idle
@@ -82,6 +88,8 @@ class Picker:
     batch_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.constrained is None:
+            self.constrained = self.spec.constrained
         if self.fallback not in FALLBACKS:
             raise ValueError(f"picker fallback {self.fallback!r}: expected one of {FALLBACKS}")
         if self.fallback_k < 1:

@@ -286,6 +286,7 @@ def ship(
     summary: str = "",
     max_rank: int | None = None,
     max_tokens: int | None = None,
+    constrained: bool | None = None,
 ) -> tuple[ShippedPicker, float]:
     """Put a trained LoRA stage's ``final/`` into the package as shipped picker ``name``: its
     ``picker.json`` and its chain's adapters joined into one for ``base``. ``final`` may be a
@@ -293,7 +294,8 @@ def ship(
     not the exact chain's it was cut from). The model card must be in place first (it is
     pinned too). ``max_rank``: see :func:`joined_adapter`.
     ``max_tokens``: the output budget served, when it is not the one trained with (chosen on
-    validation: ``benchmarks/tune_picker_max_tokens.py``). Returns the entry to pin in
+    validation: ``benchmarks/tune_picker_max_tokens.py``); ``constrained`` likewise, whether
+    it decodes constrained to its output format. Returns the entry to pin in
     :data:`SHIPPED` (:func:`pin_entry` writes it as code) and the largest relative error the
     rank cut made (0: exact)."""
     if base not in BUILTINS:
@@ -310,6 +312,8 @@ def ship(
     spec = PickerSpec.load(final)
     if max_tokens is not None:  # checked (>= 1) before any weight is read
         spec = replace(spec, max_tokens=max_tokens)
+    if constrained is not None:
+        spec = replace(spec, constrained=constrained)
     chain = adapter_chain(final, base)
     adapter, err = joined_adapter(chain, BUILTINS[base].hf_name, max_rank)
     adapter.write(str(dest / ADAPTER))

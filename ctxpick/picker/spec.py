@@ -62,12 +62,17 @@ class PickerSpec:
     # The candidate pool it was trained on (:func:`pool_settings`): the order it learnt to
     # read. None: not recorded (an untrained base model, or a picker from before issue 18).
     pool: dict[str, Any] | None = None
+    # Decode constrained to the output format (:func:`~ctxpick.picker.format.output_regex`):
+    # as its rollouts were, or as chosen on validation when it ships.
+    constrained: bool = False
 
     def __post_init__(self) -> None:
         if not self.instruction.strip():
             raise ValueError("picker spec: empty instruction")
         if min(self.max_passages, self.max_passage_words, self.max_tokens) < 1:
             raise ValueError("picker spec: max_passages, max_passage_words, max_tokens >= 1")
+        if not isinstance(self.constrained, bool):
+            raise ValueError(f"picker spec: constrained is {self.constrained!r}, not true/false")
         if self.output_format not in FORMATS.values():
             raise ValueError(
                 f"picker spec: output format {self.output_format!r} is not one this version "
@@ -98,6 +103,7 @@ class PickerSpec:
             picker["max_tokens"],
             FORMATS[picker.get("output", "rationale_ids")],
             dict(pool) if pool is not None else None,
+            bool(picker.get("constrained", False)),
         )
 
     @classmethod

@@ -51,7 +51,8 @@ class ServeConfig:
     cpu_kv_cache_gb: int = 1
     fallback: str = "top_k"  # top_k | all: what is kept when the picker's output is invalid
     fallback_k: int = 2
-    constrained: bool = False  # constrained decoding to the picker's output format
+    # constrained decoding to the picker's output format; null: as its picker.json says
+    constrained: bool | None = None
     timeout_s: float = 60.0  # a request's deadline, and the most it may ask; then the fallback
     api_key_env: str = ""  # if set, requests need "Authorization: Bearer $<this variable>"
     limits: ServeLimits = field(default_factory=ServeLimits)
