@@ -393,6 +393,9 @@ class DemoConfig:
 class RayConfig:
     address: str | None = None  # None: start a local cluster
     num_cpus: int | None = None
+    # How long a stage waits for the cluster to have room for all its actors (None: as long as
+    # it takes, so a sweep's points queue); then it fails, saying what it asked for.
+    reserve_timeout_s: float | None = None
 
 
 @dataclass

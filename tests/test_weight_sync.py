@@ -134,6 +134,17 @@ def test_a_colocated_placement_puts_each_engine_on_its_learners_gpu(ray_cluster)
         ray_cluster.remove_node(node)
 
 
+def test_a_reservation_no_cluster_can_meet_fails_by_its_deadline_and_leaves_nothing(
+    ray_cluster,
+):
+    from ctxpick.engines.ray_pool import reserve
+
+    with pytest.raises(TimeoutError, match=r"no room for \[\{'CPU': 1000\}\].*reserve_timeout"):
+        reserve([{"CPU": 1000}], "PACK", "too-big", timeout_s=1)
+    states = [pg["state"] for pg in ray.util.placement_group_table().values()]
+    assert "PENDING" not in states  # removed, so it cannot take room that frees up later
+
+
 def test_weight_source_streams_full_merged_weights_under_hf_names():
     """What a vLLM trainer engine broadcasts: metadata and iteration agree element for
     element (vLLM sizes its receive buffers from the one and sends the other), under the

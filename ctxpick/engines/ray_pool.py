@@ -9,7 +9,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ctxpick.engines.base import Chat, Completion, SamplingConfig
@@ -49,14 +53,33 @@ def actor_bundles(pool: ActorPoolConfig) -> list[dict[str, float]]:
     return [{"CPU": pool.num_cpus_per_actor, **gpus}] * pool.num_actors
 
 
-def reserve(bundles: list[dict[str, float]], strategy: str, name: str) -> PlacementGroup:
+def reserve(
+    bundles: list[dict[str, float]], strategy: str, name: str, timeout_s: float | None = None
+) -> PlacementGroup:
     """A placement group of ``bundles``, once the cluster has room for all of them; says
-    what it is waiting for meanwhile (a sweep's points queue here for a busy cluster)."""
+    what it is waiting for meanwhile (a sweep's points queue here for a busy cluster).
+    ``timeout_s``: how long to wait before giving up (None: as long as it takes), so that a
+    request no cluster state will meet fails instead of waiting forever."""
     pg = placement_group(bundles, strategy=strategy, name=name)
     t0 = time.time()
-    while not ray.wait([pg.ready()], timeout=30)[0]:
-        print(f"[{name}] waiting {time.time() - t0:.0f} s for {bundles} ({strategy})", flush=True)
+    while not ray.wait([pg.ready()], timeout=_wait_slice(timeout_s, t0))[0]:
+        waited = time.time() - t0
+        if timeout_s is not None and waited >= timeout_s:
+            remove_placement_group(pg)  # a pending group would take the room when it comes
+            raise TimeoutError(
+                f"[{name}] the cluster had no room for {bundles} ({strategy}) in "
+                f"{waited:.0f} s (ray.reserve_timeout_s={timeout_s}): "
+                f"available {ray.available_resources()}"
+            )
+        print(f"[{name}] waiting {waited:.0f} s for {bundles} ({strategy})", flush=True)
     return pg
+
+
+def _wait_slice(timeout_s: float | None, t0: float) -> float:
+    """The next wait: 30 s between progress lines, no further than the deadline."""
+    if timeout_s is None:
+        return 30
+    return max(0.0, min(30, timeout_s - (time.time() - t0)))
 
 
 def in_bundle(placement: Placement | None, offset: int) -> PlacementGroupSchedulingStrategy | None:

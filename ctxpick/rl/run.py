@@ -32,7 +32,10 @@ class Run:
         # part of what it needs.
         bundles, learners_at = stage_bundles(rl.rollout, rl.learner)
         self.pg = reserve(
-            bundles, rl.placement_strategy, f"ctxpick-{stage.name}-{secrets.token_hex(3)}"
+            bundles,
+            rl.placement_strategy,
+            f"ctxpick-{stage.name}-{secrets.token_hex(3)}",
+            cfg.ray.reserve_timeout_s,
         )
         # Engines load while the learners initialise.
         self.transfer = rl.transfer_mode()

@@ -61,12 +61,11 @@ def train(cfg: Config, run: Run | None = None) -> Path:
     run = run or Run(cfg)
     try:
         run.cfg = cfg  # reused actors serve this stage's prompts, sampling and reward
-        state, ahead = _resume(run, cfg, out)
+        state, ahead, metrics_log = _resume(run, cfg, out)
         tracker = Tracker.for_job(cfg, out, stage.name)
         tracker.use_artifact(rl.mined, "dataset")
         if stage.init_from:
             tracker.use_artifact(stage.init_from, "model")
-        metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
         stop = _StopOnSigterm()
         print(
             f"[{stage.name}] {len(data['train'])} train ({len(stream.examples)} an epoch) / "
@@ -81,8 +80,7 @@ def train(cfg: Config, run: Run | None = None) -> Path:
                     # In the try: an actor that dies while the new ones start or resume counts
                     # as one more restart, not a crash of the stage.
                     run, owned = Run(cfg), True
-                    state, ahead = _resume(run, cfg, out)
-                    metrics_log = _MetricsLog(out / "metrics.jsonl", state.step)
+                    state, ahead, metrics_log = _resume(run, cfg, out)
                     restarting = False
                     stop.exit_if_requested(stage.name, state.step, tracker)
                     continue
@@ -325,10 +323,12 @@ def _finished(cfg: Config, out: Path) -> Path | None:
     return final
 
 
-def _resume(run: Run, cfg: Config, out: Path) -> tuple[TrainState, Rollouts | None]:
+def _resume(run: Run, cfg: Config, out: Path) -> tuple[TrainState, Rollouts | None, _MetricsLog]:
+    """The state, the rollouts made ahead and the metrics log of the latest checkpoint (a
+    fresh stage's, when there is none), with ``run``'s actors loaded from it."""
     latest = out / "checkpoints" / "latest"
     if not latest.exists():
-        return TrainState(), None
+        return TrainState(), None, _MetricsLog(out / "metrics.jsonl", 0)
     tag = latest.read_text().strip()
     if not (out / "checkpoints" / tag).is_dir():  # DeepSpeed would only fail a bare assert
         raise FileNotFoundError(
@@ -344,7 +344,8 @@ def _resume(run: Run, cfg: Config, out: Path) -> tuple[TrainState, Rollouts | No
     if cfg.rl.keep_best:
         _restore_best(run, cfg, out, state)
     ahead = client.get("ahead")
-    return state, pickle.loads(ahead) if ahead else None
+    log = _MetricsLog(out / "metrics.jsonl", state.step)
+    return state, pickle.loads(ahead) if ahead else None, log
 
 
 class _MetricsLog:
