@@ -1,22 +1,23 @@
 """Choose a picker's output budget (``max_tokens`` in its ``picker.json``) on validation
 questions, never on evaluation ones.
 
-An output cut off by the budget does not parse, and the picker falls back to the pool's top
-``eval.picker_fallback_k``. Decoding is greedy, so an output under budget ``b`` is the first
-``b`` tokens of the output under any larger budget: one run at ``--cap`` tokens gives every
-smaller budget's outputs exactly. The validation questions are the dev-file questions right
-after the ones ``demo.eval_sources`` evaluates (each source's ``offset + limit`` onwards), with
-the evaluation's chunks and pools. For each budget of the grid it prints, per dataset, the
-share of outputs that are invalid as served (:func:`~ctxpick.picker.format.read_pick`) and
-the share whose ids-first decision is read although its rationale was cut off (invalid to the
-training reward's strict parser; counted "invalid" by this script before 2026-12-06), and
-the evidence F1 and mean size of what would be sent (the fallback's passages for the invalid
-ones). ``--constrained`` / ``--no-constrained`` decode constrained to the output format or not
-(default: as the picker's ``picker.json`` says). The
-rule, fixed before the first run: the smallest budget at which no dataset has more than 2%
+An output cut off by the budget is invalid (unless only an ids-first output's rationale was
+cut: :func:`~ctxpick.picker.format.read_pick`), and the picker falls back to the pool's top
+``eval.picker_fallback_k``. Decoding is greedy (constrained or not), so an output under budget
+``b`` is the first ``b`` tokens of the output under any larger budget: one run at ``--cap``
+tokens gives every smaller budget's outputs exactly. The validation questions are the dev-file
+questions right after the ones ``demo.eval_sources`` evaluates (each source's ``offset +
+limit`` onwards), with the evaluation's chunks and pools. For each budget of the grid it
+prints, per dataset, the share of outputs that are invalid as served
+(:func:`~ctxpick.picker.format.read_pick`) and the share whose ids-first decision is read
+although its rationale was cut off (invalid to the training reward's strict parser; counted
+"invalid" by this script before 2026-12-06), and the evidence F1 and mean size of what would be
+sent (the fallback's passages for the invalid ones). ``--constrained`` / ``--no-constrained``
+decode constrained to the output format or not (default: as the picker's ``picker.json`` says).
+The rule, fixed before the first run: the smallest budget at which no dataset has more than 2%
 invalid outputs. None met it in that run (an output that never closes is invalid at any
-budget), so a second rule, set after it, takes the smallest budget with no more invalid
-outputs on any dataset than the largest. The last line names it.
+budget), so a second rule, set after it, takes the smallest budget with no more invalid outputs
+on any dataset than the largest. The last line names it.
 
 At the grid's largest budget (the one the levers' rows in RESULTS.md report) each question's
 evidence F1, set size and validity (with the parser's reason when invalid, and the output
@@ -118,10 +119,13 @@ def main() -> None:
         """Each question as the picker's output cut at ``budget`` tokens would send it."""
         rows = []
         for r, ps, out in zip(items, pools, outs, strict=True):
-            text = tokenizer.decode(out[0].token_ids[:budget], skip_special_tokens=True)
+            tokens = out[0].token_ids
+            text = tokenizer.decode(tokens[:budget], skip_special_tokens=True)
+            # Cut by this budget, or by the cap itself: not an output that stopped on its own.
+            truncated = len(tokens) > budget or out[0].finish_reason == "length"
             shown = ps[: spec.max_passages]
             try:
-                pick = read_pick(text, len(shown), spec.output_format)
+                pick = read_pick(text, len(shown), spec.output_format, truncated)
                 kept, why, cut = [shown[i - 1] for i in pick.ids], None, pick.cut
             except InvalidPick as e:
                 kept = fallback_passages(ps, cfg.eval.picker_fallback, cfg.eval.picker_fallback_k)

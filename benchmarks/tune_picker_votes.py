@@ -90,6 +90,8 @@ def main() -> None:
             f"{folder}: its output format {spec.output_format!r} does not put the ids first; "
             "the vote samples the ids alone"
         )
+    if spec.constrained:
+        raise SystemExit(f"{folder}: its picker.json decodes constrained; the vote samples freely")
     chats = [spec.chat(r.item.example.question, ps) for r, ps in zip(items, pools, strict=True)]
     engine = EnginePool.from_config(folder, cfg.rl.rollout, cfg.seed)
     try:
@@ -122,7 +124,7 @@ def report(cfg, spec, items, pools, greedy, sampled, n: int, temperature: float)
     for r, ps, g, outs in zip(items, pools, greedy, sampled, strict=True):
         shown = ps[: spec.max_passages]
         # Served and evaluated alike: an invalid output keeps the fallback's passages.
-        greedy_pick = pick_result(g[0].text, ps, spec, cfg.eval.picker_fallback, fallback_k)
+        greedy_pick = pick_result(g[0], ps, spec, cfg.eval.picker_fallback, fallback_k)
         picked = [p.pid for p in greedy_pick.passages]
         samples = sampled_ids(outs, len(shown))
         dataset = r.item.example.dataset

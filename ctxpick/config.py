@@ -397,6 +397,12 @@ class RayConfig:
     # it takes, so a sweep's points queue); then it fails, saying what it asked for.
     reserve_timeout_s: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.reserve_timeout_s is not None and not self.reserve_timeout_s > 0:
+            raise ValueError(
+                f"ray.reserve_timeout_s={self.reserve_timeout_s}: seconds > 0, or null (no limit)"
+            )
+
 
 @dataclass
 class WandbConfig:

@@ -20,7 +20,13 @@ class Scripted:
     def generate(self, chats, sampling):
         self.calls.append(len(chats))
         self.regexes.append(sampling.regex)
-        return [[Completion(self.outputs.pop(0), [], 0)] for _ in chats]
+        return [[_completion(self.outputs.pop(0))] for _ in chats]
+
+
+def _completion(output):
+    """A scripted output: its text, or (text, finish_reason)."""
+    text, finish = (output, "stop") if isinstance(output, str) else output
+    return Completion(text, [], 0, finish)
 
 
 CANDIDATES = ["alpha one", {"id": "b", "text": "beta two two", "title": "B"}, "gamma three"]
@@ -53,18 +59,22 @@ def test_an_invalid_output_falls_back_and_says_so(policy, kept):
 
 def test_an_ids_first_output_cut_in_its_rationale_is_served_as_decided():
     spec = PickerSpec("sys", 3, 50, 32, FORMATS["ids_rationale"])
-    p = Picker(Scripted("<ids>[3]</ids><rationale>[3] names the", "<ids>[3]</ids> no"), spec)
-    cut, broken = p.pick_many(["q", "q"], [CANDIDATES] * 2)
-    assert cut.valid and cut.fallback is None and cut.indices == [2]
-    assert cut.rationale == "[3] names the"
-    assert not broken.valid and broken.indices == [0, 1] and "invalid output" in broken.fallback
-    [decision] = Picker(Scripted("<ids>[3]</ids><rationale>[3] names"), spec).decide(
-        ["q"], [as_passages(CANDIDATES)]
-    )
+    cut = ("<ids>[3]</ids><rationale>[3] names the</ration", "length")
+    stopped = ("<ids>[3]</ids><rationale>[3] names the", "stop")  # ended unclosed on its own
+    p = Picker(Scripted(cut, stopped, ("<ids>[3]</ids> no", "length")), spec)
+    read, *broken = p.pick_many(["q"] * 3, [CANDIDATES] * 3)
+    assert read.valid and read.fallback is None and read.indices == [2]
+    assert read.rationale == "[3] names the"
+    for sel in broken:
+        assert not sel.valid and sel.indices == [0, 1] and "invalid output" in sel.fallback
+    [decision] = Picker(Scripted(cut), spec).decide(["q"], [as_passages(CANDIDATES)])
     assert decision.valid and decision.reason == RATIONALE_CUT
 
 
-@pytest.mark.parametrize("in_spec,given,constrained", [(True, None, True), (True, False, False)])
+@pytest.mark.parametrize(
+    "in_spec,given,constrained",
+    [(True, None, True), (True, False, False), (False, None, False), (False, True, True)],
+)
 def test_a_picker_decodes_as_its_picker_json_says_unless_told(in_spec, given, constrained):
     spec = PickerSpec("sys", 3, 50, 32, constrained=in_spec)
     p = Picker(Scripted("<rationale>r</rationale><ids>[1]</ids>"), spec, constrained=given)

@@ -89,7 +89,7 @@ def test_constrained_regex_matches_valid_outputs_only():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 9), max_size=12), st.integers(1, 9))
+@given(st.lists(st.integers(1, 13), max_size=14), st.integers(1, 12))
 def test_constrained_ids_are_exactly_the_ascending_lists_of_the_pool(ids, n):
     import re
 
@@ -104,6 +104,7 @@ def test_constrained_ids_are_exactly_the_ascending_lists_of_the_pool(ids, n):
     "text,ids,rationale",
     [
         ("<ids>[2, 4]</ids><rationale>[2] names the cap", (2, 4), "[2] names the cap"),
+        ("<ids>[2, 4]</ids><rationale>[2] names it</rat", (2, 4), "[2] names it"),
         ("<ids>[2, 4]</ids>\n<ration", (2, 4), ""),
         ("<ids>[]</ids>", (), ""),
     ],
@@ -112,9 +113,10 @@ def test_an_ids_first_output_cut_in_its_rationale_keeps_its_decision(text, ids, 
     """The reader a caller uses keeps the complete decision; the training reward does not:
     a rationale that runs past the budget still costs the format penalty."""
     fmt = FORMATS["ids_rationale"]
-    assert read_pick(text, 5, fmt) == Pick(rationale, ids, cut=True)
-    with pytest.raises(InvalidPick):
-        parse_pick(text, 5, fmt)
+    assert read_pick(text, 5, fmt, truncated=True) == Pick(rationale, ids, cut=True)
+    for strict in (lambda: parse_pick(text, 5, fmt), lambda: read_pick(text, 5, fmt)):
+        with pytest.raises(InvalidPick):  # the reward's reading; an output that stopped itself
+            strict()
     assert not score_output(text, 5, ids, RewardSpec(1, 0.5, output_format=fmt)).format_ok
     whole = render_pick(Pick("r", ids), fmt)
     assert read_pick(whole, 5, fmt) == parse_pick(whole, 5, fmt) == Pick("r", ids)
@@ -133,7 +135,7 @@ def test_an_ids_first_output_cut_in_its_rationale_keeps_its_decision(text, ids, 
 )
 def test_any_other_defect_stays_invalid_when_read(text, fmt, reason):
     with pytest.raises(InvalidPick, match=reason):
-        read_pick(text, 5, FORMATS[fmt])
+        read_pick(text, 5, FORMATS[fmt], truncated=True)
 
 
 @pytest.mark.parametrize(

@@ -62,16 +62,19 @@ def reserve(
     request no cluster state will meet fails instead of waiting forever."""
     pg = placement_group(bundles, strategy=strategy, name=name)
     t0 = time.time()
-    while not ray.wait([pg.ready()], timeout=_wait_slice(timeout_s, t0))[0]:
-        waited = time.time() - t0
-        if timeout_s is not None and waited >= timeout_s:
-            remove_placement_group(pg)  # a pending group would take the room when it comes
-            raise TimeoutError(
-                f"[{name}] the cluster had no room for {bundles} ({strategy}) in "
-                f"{waited:.0f} s (ray.reserve_timeout_s={timeout_s}): "
-                f"available {ray.available_resources()}"
-            )
-        print(f"[{name}] waiting {waited:.0f} s for {bundles} ({strategy})", flush=True)
+    try:
+        while not ray.wait([pg.ready()], timeout=_wait_slice(timeout_s, t0))[0]:
+            waited = time.time() - t0
+            if timeout_s is not None and waited >= timeout_s:
+                raise TimeoutError(
+                    f"[{name}] the cluster had no room for {bundles} ({strategy}) in "
+                    f"{waited:.0f} s (ray.reserve_timeout_s={timeout_s}): "
+                    f"available {ray.available_resources()}"
+                )
+            print(f"[{name}] waiting {waited:.0f} s for {bundles} ({strategy})", flush=True)
+    except BaseException:  # a Ctrl-C too: a pending group would take the room when it comes
+        remove_placement_group(pg)
+        raise
     return pg
 
 

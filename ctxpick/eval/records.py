@@ -15,6 +15,7 @@ from ctxpick.config import Config
 from ctxpick.data.schema import Example
 from ctxpick.eval import methods as M
 from ctxpick.paths import file_sha256
+from ctxpick.picker.format import READER_VERSION
 
 
 def record_keys(items: list[M.Retrieved], prints: dict[str, str]) -> dict[str, list[str]]:
@@ -65,6 +66,7 @@ def fingerprint(cfg: Config, label: str) -> str:
             if f.suffix in (".json", ".safetensors")
         ]
         what["picker_fallback"] = [cfg.eval.picker_fallback, cfg.eval.picker_fallback_k]
+        what["picker_reader"] = READER_VERSION  # how its outputs are read (read_pick)
     blob = json.dumps(what, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 

@@ -16,7 +16,8 @@ penalty and the reason is logged.
 
 Training's reward reads outputs strictly (:func:`parse_pick`). A caller reads them as
 :func:`read_pick` does: an ids-first output that the token budget cut off inside its rationale
-keeps its decision, which was complete before the cut.
+keeps its decision, which was complete before the cut. Bump :data:`READER_VERSION` when what a
+caller reads changes, so evaluation does not reuse rows read the old way.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ _TAG = {
     "rationale": r"<rationale>(?P<rationale>.*?)</rationale>",
     "ids": r"<ids>(?P<ids>.*?)</ids>",
 }
+
+
+READER_VERSION = 2  # 2: read_pick keeps an ids-first decision whose rationale was cut
 
 
 @dataclass(frozen=True)
@@ -92,23 +96,27 @@ def parse_pick(text: str, num_passages: int, fmt: str = OUTPUT_FORMAT) -> Pick:
     return Pick(rationale, tuple(seen))
 
 
-def read_pick(text: str, num_passages: int, fmt: str = OUTPUT_FORMAT) -> Pick:
+def read_pick(
+    text: str, num_passages: int, fmt: str = OUTPUT_FORMAT, truncated: bool = False
+) -> Pick:
     """An output as a caller reads it: :func:`parse_pick`, except that an ids-first output
-    (``ids_rationale``) that ends inside its rationale (or its opening tag) is its complete
-    ``<ids>`` decision with ``cut`` set. Only the rationale was lost: a small model's rationale
-    can run past the budget (copying a passage), and sending the fallback instead would
-    discard the decision it made first. Any other defect stays invalid."""
+    (``ids_rationale``) that the token budget cut (``truncated``) inside its rationale, or its
+    opening tag, is its complete ``<ids>`` decision with ``cut`` set. Only the rationale was
+    lost: a small model's rationale can run past the budget (copying a passage), and sending
+    the fallback instead would discard the decision it made first. Any other defect, an
+    output that stopped on its own unclosed included, stays invalid."""
     try:
         return parse_pick(text, num_passages, fmt)
     except InvalidPick:
         m = re.fullmatch(r"\s*<ids>(.*?)</ids>\s*(.*)", text, re.DOTALL)
-        if fmt != FORMATS["ids_rationale"] or m is None:
+        if not truncated or fmt != FORMATS["ids_rationale"] or m is None:
             raise
         rest, tag = m[2], "<rationale>"
         if not (tag.startswith(rest) or (rest.startswith(tag) and "</rationale>" not in rest)):
             raise
     ids = parse_pick(f"<ids>{m[1]}</ids>", num_passages, FORMATS["ids"]).ids
-    return Pick(rest[len(tag) :].strip(), ids, cut=True)
+    rationale = re.sub(r"<(/(r(a(t(i(o(n(a(l(e)?)?)?)?)?)?)?)?)?)?$", "", rest[len(tag) :])
+    return Pick(rationale.strip(), ids, cut=True)
 
 
 def render_pick(pick: Pick, fmt: str = OUTPUT_FORMAT) -> str:

@@ -57,13 +57,14 @@ class PickResult:
 
 
 def pick_result(
-    text: str, pool: Sequence[Passage], spec: PickerSpec, fallback: str, fallback_k: int
+    out: Completion, pool: Sequence[Passage], spec: PickerSpec, fallback: str, fallback_k: int
 ) -> PickResult:
-    """What the picker's output ``text`` keeps of ``pool`` (best first; it was shown the first
-    ``spec.max_passages``); an output that does not parse keeps the ``fallback`` policy's."""
-    shown = list(pool[: spec.max_passages])
+    """What the picker's output ``out`` keeps of ``pool`` (best first; it was shown the first
+    ``spec.max_passages``); an invalid output (:func:`read_pick`) keeps the ``fallback``
+    policy's."""
+    shown, text = list(pool[: spec.max_passages]), out.text
     try:
-        pick = read_pick(text, len(shown), spec.output_format)
+        pick = read_pick(text, len(shown), spec.output_format, out.finish_reason == "length")
     except InvalidPick as err:
         return PickResult(fallback_passages(pool, fallback, fallback_k), text, "", False, str(err))
     chosen = [shown[i - 1] for i in pick.ids]
@@ -163,10 +164,10 @@ class Picker:
                 sizes,
                 sampling,
                 self.spec,
-                self.constrained,
+                bool(self.constrained),  # resolved from the spec when built
             )
         return [
-            pick_result(out[0].text, pool, self.spec, self.fallback, self.fallback_k)
+            pick_result(out[0], pool, self.spec, self.fallback, self.fallback_k)
             for out, pool in zip(outs, pools, strict=True)
         ]
 

@@ -88,8 +88,12 @@ class PickerSpec:
     @property
     def version(self) -> str:
         """A digest of everything ``picker.json`` fixes: the prompt version that serving
-        reports and audits."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        reports and audits. ``constrained`` counts only when set, so the pickers recorded
+        before it existed keep their version."""
+        fixed = asdict(self)
+        if not self.constrained:
+            del fixed["constrained"]
+        return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:12]
 
     @classmethod
     def from_settings(

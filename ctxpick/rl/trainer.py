@@ -317,7 +317,7 @@ def _finished(cfg: Config, out: Path) -> Path | None:
     # The pool as evaluation checks it (a recorded k, or none recorded, is no mismatch).
     if replace(done, pool=None) != replace(asked, pool=None) or done.pool_mismatch(asked.pool):
         raise ConfigError(
-            f"{out} holds a stage finished with another picker prompt, format or pool "
+            f"{out} holds a stage finished with another picker prompt, format, decoding or pool "
             f"({final / 'picker.json'}): train into another output_dir"
         )
     return final
