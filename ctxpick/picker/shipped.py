@@ -71,10 +71,10 @@ SHIPPED: dict[str, ShippedPicker] = {
         "qwen2.5-coder-0.5b",
         "Qwen2.5-Coder-0.5B + LoRA rank 3 + 1: warm start + Stage I, cross-encoder-ordered pool",
         (
-            "a0ff04e462d440bcbfe790e538cc26c68ab50e0cacc3eba72db4e6300776522b",
+            "a4369206ed275e39c6b1ba5eb5de7571886939ad1dd63e16f2e8b4cad7aed0eb",
             "4d1ac56b0fea79b7b12ca7ba4e36687504e584d761e05e3eb8ae9ee5f40ec482",
             "d31a3d5e184a172d2e40a6adc893cd3f74dfdf4b56bcd4bff440356da26c3ec4",
-            "cbbbd2596380140879f3f3c3246d5a4d125a53257dc2a49b790c12f33336986f",
+            "b938eb1f9473be0367b22d296b12198aa93101c76bf45164b5b497cf2198f11a",
         ),
     ),
 }
