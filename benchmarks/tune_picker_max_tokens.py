@@ -8,12 +8,13 @@ cut: :func:`~ctxpick.picker.format.read_pick`), and the picker falls back to the
 tokens gives every smaller budget's outputs exactly. The validation questions are the dev-file
 questions right after the ones ``demo.eval_sources`` evaluates (each source's ``offset +
 limit`` onwards), with the evaluation's chunks and pools. For each budget of the grid it
-prints, per dataset, the share of outputs that are invalid as served
-(:func:`~ctxpick.picker.format.read_pick`) and the share whose ids-first decision is read
-although its rationale was cut off (invalid to the training reward's strict parser; counted
-"invalid" by this script before 2026-12-06), and the evidence F1 and mean size of what would be
-sent (the fallback's passages for the invalid ones). ``--constrained`` / ``--no-constrained``
-decode constrained to the output format or not (default: as the picker's ``picker.json`` says).
+prints, per dataset, the share of outputs that are invalid as served (read by
+:func:`~ctxpick.picker.inference.pick_result`, as serving and evaluation read them) and the
+share whose ids-first decision is read although its rationale was cut off (invalid to the
+training reward's strict parser; counted "invalid" by this script before 2026-12-06), and the
+evidence F1 and mean size of what would be sent (the fallback's passages for the invalid
+ones). ``--constrained`` / ``--no-constrained`` decode constrained to the output format or not
+(default: as the picker's ``picker.json`` says).
 The rule, fixed before the first run: the smallest budget at which no dataset has more than 2%
 invalid outputs. None met it in that run (an output that never closes is invalid at any
 budget), so a second rule, set after it, takes the smallest budget with no more invalid outputs
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +52,7 @@ from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.eval.stats import bootstrap_mean, stratified_mean
 from ctxpick.picker.diagnostics import set_f1
-from ctxpick.picker.format import InvalidPick, read_pick
-from ctxpick.picker.inference import generate_picks
-from ctxpick.picker.selection import fallback_passages
+from ctxpick.picker.inference import RATIONALE_CUT, generate_picks, pick_result
 
 GRID = (64, 80, 96, 112, 128, 160, 192, 256)
 MAX_INVALID = 0.02
@@ -123,13 +123,15 @@ def main() -> None:
             text = tokenizer.decode(tokens[:budget], skip_special_tokens=True)
             # Cut by this budget, or by the cap itself: not an output that stopped on its own.
             truncated = len(tokens) > budget or out[0].finish_reason == "length"
-            shown = ps[: spec.max_passages]
-            try:
-                pick = read_pick(text, len(shown), spec.output_format, truncated)
-                kept, why, cut = [shown[i - 1] for i in pick.ids], None, pick.cut
-            except InvalidPick as e:
-                kept = fallback_passages(ps, cfg.eval.picker_fallback, cfg.eval.picker_fallback_k)
-                why, cut = str(e), False
+            finish = "length" if truncated else out[0].finish_reason
+            got = pick_result(
+                replace(out[0], text=text, token_ids=tokens[:budget], finish_reason=finish),
+                ps,
+                spec,
+                cfg.eval.picker_fallback,
+                cfg.eval.picker_fallback_k,
+            )
+            kept, why = got.passages, None if got.valid else got.reason
             gold = r.item.gold_pids
             rows.append(
                 {
@@ -140,7 +142,7 @@ def main() -> None:
                     "invalid": why is not None,
                     "why_invalid": why,
                     # read at </ids>: the budget cut the rationale after the decision
-                    "cut": cut,
+                    "cut": got.reason == RATIONALE_CUT,
                     "output": text,
                 }
             )

@@ -64,9 +64,10 @@ def test_an_ids_first_output_cut_in_its_rationale_is_served_as_decided():
     p = Picker(Scripted(cut, stopped, ("<ids>[3]</ids> no", "length")), spec)
     read, *broken = p.pick_many(["q"] * 3, [CANDIDATES] * 3)
     assert read.valid and read.fallback is None and read.indices == [2]
-    assert read.rationale == "[3] names the"
+    assert read.rationale == "[3] names the" and read.rationale_cut
     for sel in broken:
         assert not sel.valid and sel.indices == [0, 1] and "invalid output" in sel.fallback
+        assert not sel.rationale_cut
     [decision] = Picker(Scripted(cut), spec).decide(["q"], [as_passages(CANDIDATES)])
     assert decision.valid and decision.reason == RATIONALE_CUT
 
@@ -79,7 +80,7 @@ def test_a_picker_decodes_as_its_picker_json_says_unless_told(in_spec, given, co
     spec = PickerSpec("sys", 3, 50, 32, constrained=in_spec)
     p = Picker(Scripted("<rationale>r</rationale><ids>[1]</ids>"), spec, constrained=given)
     assert p.pick("q", CANDIDATES).valid
-    assert (p.engine.regexes[0] is not None) == constrained
+    assert (p.engine.regexes[0] is not None) == constrained == p.decodes_constrained
 
 
 def test_the_token_budget_cuts_the_last_kept_passages():

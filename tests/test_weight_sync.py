@@ -138,9 +138,12 @@ def test_a_reservation_no_cluster_can_meet_fails_by_its_deadline_and_leaves_noth
     ray_cluster,
 ):
     from ctxpick.engines.ray_pool import reserve
+    from ctxpick.rl.learner import LearnerGroup
 
     with pytest.raises(TimeoutError, match=r"no room for \[\{'CPU': 1000\}\].*reserve_timeout"):
         reserve([{"CPU": 1000}], "PACK", "too-big", timeout_s=1)
+    with pytest.raises(TimeoutError, match=r"\[ctxpick-learners\] the cluster had no room"):
+        LearnerGroup(LearnerConfig(num_cpus_per_actor=1000), lr=1e-4, reserve_timeout_s=1)
     states = [pg["state"] for pg in ray.util.placement_group_table().values()]
     assert "PENDING" not in states  # removed, so it cannot take room that frees up later
 

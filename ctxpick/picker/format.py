@@ -115,7 +115,10 @@ def read_pick(
         if not (tag.startswith(rest) or (rest.startswith(tag) and "</rationale>" not in rest)):
             raise
     ids = parse_pick(f"<ids>{m[1]}</ids>", num_passages, FORMATS["ids"]).ids
-    rationale = re.sub(r"<(/(r(a(t(i(o(n(a(l(e)?)?)?)?)?)?)?)?)?)?$", "", rest[len(tag) :])
+    rationale = rest[len(tag) :]
+    closing = "</rationale>"  # cut before it ended: drop the part of it that was written
+    ends = [k for k in range(1, len(closing)) if rationale.endswith(closing[:k])]
+    rationale = rationale[: len(rationale) - max(ends, default=0)]
     return Pick(rationale.strip(), ids, cut=True)
 
 

@@ -79,7 +79,7 @@ class Picker:
     fallback: str = "top_k"  # top_k | all: who decides when the output does not parse
     fallback_k: int = 2
     # Constrain decoding to the output format (vLLM structured outputs); None: as the picker's
-    # picker.json says.
+    # picker.json says (``decodes_constrained`` is the resolved choice).
     constrained: bool | None = None
     name: str = ""  # the model's name in results and the audit trail
     count_tokens: Callable[[str], int] = field(default=lambda text: len(text.split()))
@@ -89,8 +89,6 @@ class Picker:
     batch_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.constrained is None:
-            self.constrained = self.spec.constrained
         if self.fallback not in FALLBACKS:
             raise ValueError(f"picker fallback {self.fallback!r}: expected one of {FALLBACKS}")
         if self.fallback_k < 1:
@@ -99,6 +97,10 @@ class Picker:
         # call's outputs to whichever call collects first.
         self._engine_lock = threading.Lock()
         self._batcher = Batcher(self._pick_jobs, self.max_batch_size, self.batch_wait_s)
+
+    @property
+    def decodes_constrained(self) -> bool:
+        return self.spec.constrained if self.constrained is None else self.constrained
 
     @classmethod
     def from_pretrained(
@@ -164,7 +166,7 @@ class Picker:
                 sizes,
                 sampling,
                 self.spec,
-                bool(self.constrained),  # resolved from the spec when built
+                self.decodes_constrained,
             )
         return [
             pick_result(out[0], pool, self.spec, self.fallback, self.fallback_k)
@@ -223,6 +225,7 @@ class Picker:
                     if res.valid
                     else f"invalid output ({res.reason}): {self.fallback}",
                     output=res.text,
+                    rationale_cut=res.reason == RATIONALE_CUT,
                     **call,
                 )
             )

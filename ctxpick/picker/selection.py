@@ -34,6 +34,8 @@ class Selection:
     latency_ms: float  # the engine call this question was part of
     output: str = ""  # the picker's raw output
     batch_size: int = 1  # questions in that engine call
+    # max_tokens cut the picker's rationale; the decision written before it is kept
+    rationale_cut: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

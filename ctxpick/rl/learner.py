@@ -374,8 +374,9 @@ def get_all(refs: list[ray.ObjectRef]) -> list[Any]:
 
 
 class LearnerGroup:
-    """Data-parallel learners placed by a placement group (a stage's, or their own); every
-    call goes to all ranks."""
+    """Data-parallel learners placed by a placement group (a stage's, or their own, waited
+    for up to ``reserve_timeout_s``: None, as long as it takes); every call goes to all
+    ranks."""
 
     def __init__(
         self,
@@ -383,10 +384,13 @@ class LearnerGroup:
         lr: float,
         init_from: str | None = None,
         placement: Placement | None = None,
+        reserve_timeout_s: float | None = None,
     ) -> None:
         self.owned_pg = None
         if placement is None:
-            self.owned_pg = reserve(actor_bundles(cfg), "PACK", "ctxpick-learners")
+            self.owned_pg = reserve(
+                actor_bundles(cfg), "PACK", "ctxpick-learners", reserve_timeout_s
+            )
             placement = (self.owned_pg, 0)
         env = (
             {}

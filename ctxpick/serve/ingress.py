@@ -160,6 +160,7 @@ class Service:
             "batch_size": sel.batch_size,
             "fallback": sel.fallback,
             "budget_cut": sel.budget_cut,
+            "rationale_cut": sel.rationale_cut,
         }
         self.audit.write(record, question)
         return sel, counted

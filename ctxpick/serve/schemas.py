@@ -69,6 +69,9 @@ class PickResponse(BaseModel):
         "error: the call it was sent in)"
     )
     output: str = Field(description="the picker's raw output ('': no engine call answered)")
+    rationale_cut: bool = Field(
+        False, description="max_tokens cut the rationale; the ids written before it are kept"
+    )
 
 
 class RerankDocument(BaseModel):
