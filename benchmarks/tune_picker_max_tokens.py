@@ -52,7 +52,7 @@ from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.eval.stats import bootstrap_mean, stratified_mean
 from ctxpick.picker.diagnostics import set_f1
-from ctxpick.picker.inference import RATIONALE_CUT, generate_picks, pick_result
+from ctxpick.picker.inference import generate_picks, pick_result
 
 GRID = (64, 80, 96, 112, 128, 160, 192, 256)
 MAX_INVALID = 0.02
@@ -125,7 +125,13 @@ def main() -> None:
             truncated = len(tokens) > budget or out[0].finish_reason == "length"
             finish = "length" if truncated else out[0].finish_reason
             got = pick_result(
-                replace(out[0], text=text, token_ids=tokens[:budget], finish_reason=finish),
+                replace(
+                    out[0],
+                    text=text,
+                    token_ids=tokens[:budget],
+                    logprobs=out[0].logprobs[:budget],
+                    finish_reason=finish,
+                ),
                 ps,
                 spec,
                 cfg.eval.picker_fallback,
@@ -142,7 +148,7 @@ def main() -> None:
                     "invalid": why is not None,
                     "why_invalid": why,
                     # read at </ids>: the budget cut the rationale after the decision
-                    "cut": got.reason == RATIONALE_CUT,
+                    "cut": got.rationale_cut,
                     "output": text,
                 }
             )

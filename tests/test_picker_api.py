@@ -81,6 +81,8 @@ def test_a_picker_decodes_as_its_picker_json_says_unless_told(in_spec, given, co
     p = Picker(Scripted("<rationale>r</rationale><ids>[1]</ids>"), spec, constrained=given)
     assert p.pick("q", CANDIDATES).valid
     assert (p.engine.regexes[0] is not None) == constrained == p.decodes_constrained
+    with pytest.raises(ValueError, match="picker constrained 1: expected a bool"):
+        Picker(Scripted(), spec, constrained=1)
 
 
 def test_the_token_budget_cuts_the_last_kept_passages():

@@ -107,6 +107,7 @@ def test_constrained_ids_are_exactly_the_ascending_lists_of_the_pool(ids, n):
         ("<ids>[2, 4]</ids><rationale>[2] names it</rat", (2, 4), "[2] names it"),
         ("<ids>[2, 4]</ids>\n<ration", (2, 4), ""),
         ("<ids>[1]</ids><rationale>a<b then <", (1,), "a<b then"),
+        ("<ids>[1]</ids><rationale>a </rat\n", (1,), "a </rat"),  # not a tag cut at the end
         ("<ids>[]</ids>", (), ""),
     ],
 )

@@ -68,6 +68,15 @@ def test_a_plain_text_503_is_retried_then_answered(server):
     client.close()
 
 
+def test_an_answer_with_fields_this_client_does_not_know_is_read(server):
+    """A newer server's added response field must not break a deployed client."""
+    url, script, _ = server
+    client = PickerClient(url)
+    script[:] = [(200, "application/json", json.dumps({**ANSWER, "added_later": 1}).encode())]
+    assert client.pick("q", ["a", "b"]).indices == [0]
+    client.close()
+
+
 def test_a_plain_text_error_that_is_not_transient_is_raised_with_its_text(server):
     url, script, seen = server
     client = PickerClient(url, max_attempts=4)

@@ -60,6 +60,8 @@ def reserve(
     what it is waiting for meanwhile (a sweep's points queue here for a busy cluster).
     ``timeout_s``: how long to wait before giving up (None: as long as it takes), so that a
     request no cluster state will meet fails instead of waiting forever."""
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError(f"[{name}] reservation timeout {timeout_s} s: expected > 0, or None")
     pg = placement_group(bundles, strategy=strategy, name=name)
     t0 = time.time()
     try:
@@ -68,7 +70,7 @@ def reserve(
             if timeout_s is not None and waited >= timeout_s:
                 raise TimeoutError(
                     f"[{name}] the cluster had no room for {bundles} ({strategy}) in "
-                    f"{waited:.0f} s (ray.reserve_timeout_s={timeout_s}): "
+                    f"{waited:.0f} s (timeout {timeout_s} s; config: ray.reserve_timeout_s): "
                     f"available {ray.available_resources()}"
                 )
             print(f"[{name}] waiting {waited:.0f} s for {bundles} ({strategy})", flush=True)

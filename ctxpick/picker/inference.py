@@ -54,6 +54,7 @@ class PickResult:
     valid: bool
     reason: str = ""  # why the output was invalid, or that its rationale was cut off
     ids: tuple[int, ...] | None = None  # 1-based positions picked among those shown
+    rationale_cut: bool = False  # the budget cut the rationale; the ids before it are kept
 
 
 def pick_result(
@@ -69,7 +70,7 @@ def pick_result(
         return PickResult(fallback_passages(pool, fallback, fallback_k), text, "", False, str(err))
     chosen = [shown[i - 1] for i in pick.ids]
     reason = RATIONALE_CUT if pick.cut else ""
-    return PickResult(chosen, text, pick.rationale, True, reason, ids=pick.ids)
+    return PickResult(chosen, text, pick.rationale, True, reason, pick.ids, pick.cut)
 
 
 @dataclass
@@ -89,6 +90,8 @@ class Picker:
     batch_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (self.constrained is None or isinstance(self.constrained, bool)):
+            raise ValueError(f"picker constrained {self.constrained!r}: expected a bool or None")
         if self.fallback not in FALLBACKS:
             raise ValueError(f"picker fallback {self.fallback!r}: expected one of {FALLBACKS}")
         if self.fallback_k < 1:
@@ -225,7 +228,7 @@ class Picker:
                     if res.valid
                     else f"invalid output ({res.reason}): {self.fallback}",
                     output=res.text,
-                    rationale_cut=res.reason == RATIONALE_CUT,
+                    rationale_cut=res.rationale_cut,
                     **call,
                 )
             )

@@ -60,8 +60,9 @@ class PickerClient:
                 error = resp.text
             raise PickerError(resp.status_code, error)
         body = resp.json()
-        body.pop("id"), body.pop("model")
-        return Selection(**body)
+        # A newer server may answer with fields this version does not know: ignored, so that
+        # adding a response field never breaks a deployed client.
+        return Selection(**{k: v for k, v in body.items() if k in Selection.__dataclass_fields__})
 
     def pick(
         self, question: str, passages: Sequence[Candidate], token_budget: int | None = None
