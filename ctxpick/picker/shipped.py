@@ -69,12 +69,13 @@ SHIPPED: dict[str, ShippedPicker] = {
     "ctxpick-picker-0.5b": ShippedPicker(
         "ctxpick-picker-0.5b",
         "qwen2.5-coder-0.5b",
-        "Qwen2.5-Coder-0.5B + LoRA rank 3 + 1: warm start + Stage I, cross-encoder-ordered pool",
+        "Qwen2.5-Coder-0.5B + LoRA rank 3 + 1: one-epoch warm start + Stage I, "
+        "cross-encoder-ordered pool",
         (
-            "a4369206ed275e39c6b1ba5eb5de7571886939ad1dd63e16f2e8b4cad7aed0eb",
+            "c78aba8c31681d29096db9c5feb2840c18884db975cb52782824b9b1fae52439",
             "4d1ac56b0fea79b7b12ca7ba4e36687504e584d761e05e3eb8ae9ee5f40ec482",
-            "d31a3d5e184a172d2e40a6adc893cd3f74dfdf4b56bcd4bff440356da26c3ec4",
-            "b938eb1f9473be0367b22d296b12198aa93101c76bf45164b5b497cf2198f11a",
+            "9d2e77808cbcf38d5ef5fe4e7243d02df97f6b5ef1a16928670a3798a3ace42f",
+            "9707ac646a148fe79ade17d57dc9da0f603909ee0f63e8dca5b11d4e5a21a4f4",
         ),
     ),
 }
