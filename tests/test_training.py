@@ -370,6 +370,44 @@ def test_a_stage_that_fails_frees_the_actors_it_started(run, root):
     assert held() <= before
 
 
+def test_one_death_more_than_max_restarts_fails_the_stage_and_frees_its_actors(
+    run, root, capsys, monkeypatch
+):
+    """rl.max_restarts bounds the restarts: a learner lost after the step-1 checkpoint is
+    restart 1/1, and the rollout worker its replacement loses as it resumes is one death too
+    many, so the stage fails with the actor's error instead of restarting again. Every actor
+    it started is freed, and its step-1 checkpoint stays for a resubmission to resume."""
+    import time
+
+    import ray
+    from ray.exceptions import RayActorError
+
+    import ctxpick.rl.trainer as trainer
+
+    def held():  # the test cluster has no dashboard, so no state API: the GCS's own table
+        return {k for k, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
+
+    before, folder = held(), root / "restarts"
+    args = ("stage.max_steps=3", "rl.save_every=1", "rl.val_every=100", "rl.max_restarts=1")
+    cfg = tiny(root, "restarts", *args)
+    victim = Run(cfg)  # train() replaces it after the kill
+    _kill_after_checkpoint(victim.learners.actors[0], folder, 1)
+    monkeypatch.setattr(trainer, "Run", _first_loses_a_rollout_worker(Run))
+    try:
+        with pytest.raises(RayActorError):
+            _train_or_free(cfg, victim)
+        out = capsys.readouterr().out
+        assert "restart 1/1 from the last checkpoint" in out and "restart 2/" not in out
+        assert (folder / "checkpoints" / "latest").read_text() == "step1"
+        for _ in range(60):  # the GCS records a removal a moment after it is asked
+            if held() <= before:
+                break
+            time.sleep(1)
+        assert held() <= before
+    finally:
+        _drop_checkpoints(folder)
+
+
 def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
     from ctxpick.picker.examples import load_picker_examples
 
