@@ -262,7 +262,7 @@ class RewardConfig:
     fallback: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
+        if not self.timeout_s > 0:  # NaN too
             raise ValueError("rewards.timeout_s must be > 0")
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from ctxpick.engines.base import Completion
 from ctxpick.picker.format import FORMATS
-from ctxpick.picker.inference import RATIONALE_CUT, Picker
+from ctxpick.picker.inference import Picker
 from ctxpick.picker.selection import Selection, as_passages
 from ctxpick.picker.spec import PickerSpec
 
@@ -69,7 +69,7 @@ def test_an_ids_first_output_cut_in_its_rationale_is_served_as_decided():
         assert not sel.valid and sel.indices == [0, 1] and "invalid output" in sel.fallback
         assert not sel.rationale_cut
     [decision] = Picker(Scripted(cut), spec).decide(["q"], [as_passages(CANDIDATES)])
-    assert decision.valid and decision.reason == RATIONALE_CUT
+    assert decision.valid and decision.rationale_cut and decision.reason == ""
 
 
 @pytest.mark.parametrize(
@@ -83,6 +83,22 @@ def test_a_picker_decodes_as_its_picker_json_says_unless_told(in_spec, given, co
     assert (p.engine.regexes[0] is not None) == constrained == p.decodes_constrained
     with pytest.raises(ValueError, match="picker constrained 1: expected a bool"):
         Picker(Scripted(), spec, constrained=1)
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"fallback": "none"}, "fallback"),
+        ({"fallback_k": 0}, "fallback_k"),
+        ({"constrained": "yes"}, "constrained"),
+        ({"max_batch": 4}, r"unknown options \['max_batch'\]"),
+    ],
+)
+def test_from_pretrained_refuses_a_bad_option_before_any_engine_starts(bad, message):
+    started = []
+    with pytest.raises((ValueError, TypeError), match=message):
+        Picker.from_pretrained("smollm2-135m", engine=started.append, **bad)
+    assert not started
 
 
 def test_the_token_budget_cuts_the_last_kept_passages():

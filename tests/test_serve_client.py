@@ -89,3 +89,24 @@ def test_a_plain_text_error_that_is_not_transient_is_raised_with_its_text(server
     with pytest.raises(PickerError, match="503: upstream connect error"):
         PickerClient(url, max_attempts=2).pick("q", ["a"])
     client.close()
+
+
+@pytest.mark.parametrize(
+    "kind,body,why",
+    [
+        ("text/html", b"<html>captive portal</html>", "Expecting value"),
+        ("application/json", b"[1, 2]", "has no attribute 'items'"),
+        ("application/json", json.dumps({"ids": [0]}).encode(), "missing"),
+    ],
+)
+def test_a_malformed_200_is_raised_as_a_picker_error_naming_what_came(server, kind, body, why):
+    """A proxy's page or another service answering 200 is not a pick: one clear error, not a
+    JSONDecodeError or AttributeError from deep in the client, and not retried."""
+    url, script, seen = server
+    client = PickerClient(url, max_attempts=4)
+    script[:] = [(200, kind, body)]
+    with pytest.raises(PickerError, match="200: malformed answer") as err:
+        client.pick("q", ["a"])
+    assert why in str(err.value) and body.decode()[:20] in str(err.value)
+    assert err.value.status == 200 and len(seen) == 1
+    client.close()

@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,6 +116,15 @@ def test_a_chain_of_stages_ships_as_one_adapter_whose_merge_is_the_chains(chain,
     stamp = (shipped.prepared_picker_path(picker) / "model.safetensors").stat().st_mtime_ns
     assert shipped.picker_folder("tiny") == folder
     assert (shipped.prepared_picker_path(picker) / "model.safetensors").stat().st_mtime_ns == stamp
+    # A card edit, re-pinned, is no new model: the merge stays and the folder's card follows.
+    (picker.folder / shipped.CARD).write_text("# tiny, with its weak spots\n")
+    cards = shipped.SHIPPED_FILES.index(shipped.CARD)
+    sha = list(picker.sha256)
+    sha[cards] = shipped.file_sha256(picker.folder / shipped.CARD)
+    shipped.SHIPPED["tiny"] = recarded = replace(picker, sha256=tuple(sha))
+    assert shipped.picker_folder("tiny") == folder == str(shipped.prepared_picker_path(recarded))
+    assert (shipped.prepared_picker_path(picker) / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (Path(folder) / shipped.CARD).read_text() == "# tiny, with its weak spots\n"
 
 
 def test_a_picker_ships_with_the_decoding_chosen_for_it_and_nothing_else_changed(chain, registry):

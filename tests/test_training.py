@@ -210,13 +210,13 @@ def _first_loses_a_rollout_worker(run_cls):
 
 
 def _train_or_free(cfg, run):
-    """train() on ``run``, which it replaces after a kill; freed here if the stage fails
-    otherwise, so the module's later actors still find room on the cluster."""
+    """train() on ``run``, which it replaces after a kill; freed here whatever happens (a
+    no-op once train() has replaced it), so that a stage that fails, or a kill that never
+    came, leaves the module's later actors room on the cluster."""
     try:
         return train(cfg, run=run)
-    except BaseException:
+    finally:
         run.shutdown()
-        raise
 
 
 ASYNC = ("rl.async_level=1", "rl.learner.grpo.tis_cap=2.0")
@@ -351,23 +351,32 @@ def test_a_stage_that_fails_frees_the_actors_it_started(run, root):
     """train() without a caller's Run starts its own actors, in a placement group of their
     own: a failure after they start (here a checkpoint whose files are gone) must not leave
     them holding the cluster's CPUs."""
-    import time
-
-    import ray
-
-    def held():  # the test cluster has no dashboard, so no state API: the GCS's own table
-        return {k for k, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
-
-    before = held()  # the module's shared Run and whatever else the session holds
+    before = _held()  # the module's shared Run and whatever else the session holds
     (root / "broken" / "checkpoints").mkdir(parents=True)
     (root / "broken" / "checkpoints" / "latest").write_text("global_step9\n")
     with pytest.raises(FileNotFoundError, match="names checkpoint 'global_step9'"):
         train(tiny(root, "broken"))
-    for _ in range(60):  # the GCS records a removal a moment after it is asked
-        if held() <= before:
-            break
+    assert _freed_to(before)
+
+
+def _held():
+    """The cluster's placement groups not removed: the test cluster has no dashboard, so no
+    state API, so the GCS's own table."""
+    import ray
+
+    return {k for k, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
+
+
+def _freed_to(before, wait_s=60):
+    """Whether the held placement groups are back to ``before`` within ``wait_s``: the GCS
+    records a removal a moment after it is asked."""
+    import time
+
+    for _ in range(wait_s):
+        if _held() <= before:
+            return True
         time.sleep(1)
-    assert held() <= before
+    return _held() <= before
 
 
 def test_one_death_more_than_max_restarts_fails_the_stage_and_frees_its_actors(
@@ -377,17 +386,11 @@ def test_one_death_more_than_max_restarts_fails_the_stage_and_frees_its_actors(
     restart 1/1, and the rollout worker its replacement loses as it resumes is one death too
     many, so the stage fails with the actor's error instead of restarting again. Every actor
     it started is freed, and its step-1 checkpoint stays for a resubmission to resume."""
-    import time
-
-    import ray
     from ray.exceptions import RayActorError
 
     import ctxpick.rl.trainer as trainer
 
-    def held():  # the test cluster has no dashboard, so no state API: the GCS's own table
-        return {k for k, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
-
-    before, folder = held(), root / "restarts"
+    before, folder = _held(), root / "restarts"
     args = ("stage.max_steps=3", "rl.save_every=1", "rl.val_every=100", "rl.max_restarts=1")
     cfg = tiny(root, "restarts", *args)
     victim = Run(cfg)  # train() replaces it after the kill
@@ -399,11 +402,7 @@ def test_one_death_more_than_max_restarts_fails_the_stage_and_frees_its_actors(
         out = capsys.readouterr().out
         assert "restart 1/1 from the last checkpoint" in out and "restart 2/" not in out
         assert (folder / "checkpoints" / "latest").read_text() == "step1"
-        for _ in range(60):  # the GCS records a removal a moment after it is asked
-            if held() <= before:
-                break
-            time.sleep(1)
-        assert held() <= before
+        assert _freed_to(before)
     finally:
         _drop_checkpoints(folder)
 

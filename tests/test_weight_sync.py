@@ -144,6 +144,8 @@ def test_a_reservation_no_cluster_can_meet_fails_by_its_deadline_and_leaves_noth
         reserve([{"CPU": 1000}], "PACK", "too-big", timeout_s=1)
     with pytest.raises(ValueError, match=r"\[zero\] reservation timeout 0 s: expected > 0"):
         reserve([{"CPU": 1}], "PACK", "zero", timeout_s=0)
+    with pytest.raises(ValueError, match=r"\[nan\] reservation timeout nan s: expected > 0"):
+        reserve([{"CPU": 1}], "PACK", "nan", timeout_s=float("nan"))
     with pytest.raises(TimeoutError, match=r"\[ctxpick-learners\] the cluster had no room"):
         LearnerGroup(LearnerConfig(num_cpus_per_actor=1000), lr=1e-4, reserve_timeout_s=1)
     states = [pg["state"] for pg in ray.util.placement_group_table().values()]

@@ -32,7 +32,7 @@ class HTTPEngineConfig:
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"http engine base_url must be an http(s) URL, got {self.base_url!r}")
-        if self.timeout_s <= 0 or self.max_retries < 0 or self.concurrency < 1:
+        if not self.timeout_s > 0 or self.max_retries < 0 or self.concurrency < 1:
             raise ValueError("http engine needs timeout_s > 0, max_retries >= 0, concurrency >= 1")
 
 

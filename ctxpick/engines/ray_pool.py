@@ -60,7 +60,7 @@ def reserve(
     what it is waiting for meanwhile (a sweep's points queue here for a busy cluster).
     ``timeout_s``: how long to wait before giving up (None: as long as it takes), so that a
     request no cluster state will meet fails instead of waiting forever."""
-    if timeout_s is not None and timeout_s <= 0:
+    if timeout_s is not None and not timeout_s > 0:  # NaN too
         raise ValueError(f"[{name}] reservation timeout {timeout_s} s: expected > 0, or None")
     pg = placement_group(bundles, strategy=strategy, name=name)
     t0 = time.time()

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,6 @@ log = logging.getLogger(__name__)
 ENGINES = ("process", "actor")  # where Picker.from_pretrained runs the vLLM engine
 
 
-RATIONALE_CUT = "rationale cut off by max_tokens: the decision before it is kept"
-
-
 @dataclass(frozen=True)
 class PickResult:
     # The selected passages, full text, in the order picked; when the output does not parse,
@@ -52,7 +49,7 @@ class PickResult:
     text: str  # the picker's raw output
     rationale: str
     valid: bool
-    reason: str = ""  # why the output was invalid, or that its rationale was cut off
+    reason: str = ""  # why the output was invalid ("" when valid)
     ids: tuple[int, ...] | None = None  # 1-based positions picked among those shown
     rationale_cut: bool = False  # the budget cut the rationale; the ids before it are kept
 
@@ -69,8 +66,7 @@ def pick_result(
     except InvalidPick as err:
         return PickResult(fallback_passages(pool, fallback, fallback_k), text, "", False, str(err))
     chosen = [shown[i - 1] for i in pick.ids]
-    reason = RATIONALE_CUT if pick.cut else ""
-    return PickResult(chosen, text, pick.rationale, True, reason, pick.ids, pick.cut)
+    return PickResult(chosen, text, pick.rationale, True, "", pick.ids, pick.cut)
 
 
 @dataclass
@@ -90,12 +86,7 @@ class Picker:
     batch_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (self.constrained is None or isinstance(self.constrained, bool)):
-            raise ValueError(f"picker constrained {self.constrained!r}: expected a bool or None")
-        if self.fallback not in FALLBACKS:
-            raise ValueError(f"picker fallback {self.fallback!r}: expected one of {FALLBACKS}")
-        if self.fallback_k < 1:
-            raise ValueError("picker fallback_k: expected >= 1")
+        _check_options(self.constrained, self.fallback, self.fallback_k)
         # One engine call at a time (decide): an in-process vLLM engine hands a concurrent
         # call's outputs to whichever call collects first.
         self._engine_lock = threading.Lock()
@@ -132,6 +123,14 @@ class Picker:
             raise ValueError(
                 f"picker engine {engine!r}: expected one of {ENGINES} or a function of the folder"
             )
+        if unknown := set(options) - ({f.name for f in fields(cls)} - {"engine", "spec"}):
+            raise TypeError(f"Picker.from_pretrained: unknown options {sorted(unknown)}")
+        # Checked before an engine starts: a bad option must not cost a model load.
+        _check_options(
+            options.get("constrained"),
+            options.get("fallback", cls.fallback),
+            options.get("fallback_k", cls.fallback_k),
+        )
         folder, spec = load_spec(path_or_alias)
         if not callable(engine):
             engine = _vllm_engine(
@@ -290,6 +289,15 @@ class Picker:
     def _pick_jobs(self, jobs: list[tuple]) -> list[Selection]:
         questions, candidates, budgets, counts = zip(*jobs, strict=True)
         return self.pick_many(questions, candidates, budgets, counts)
+
+
+def _check_options(constrained: Any, fallback: str, fallback_k: int) -> None:
+    if not (constrained is None or isinstance(constrained, bool)):
+        raise ValueError(f"picker constrained {constrained!r}: expected a bool or None")
+    if fallback not in FALLBACKS:
+        raise ValueError(f"picker fallback {fallback!r}: expected one of {FALLBACKS}")
+    if fallback_k < 1:
+        raise ValueError("picker fallback_k: expected >= 1")
 
 
 def _vllm_engine(

@@ -104,9 +104,12 @@ MERGE_VERSION = 1  # bumped when the merge itself changes: older merges are not 
 
 
 def prepared_picker_path(picker: ShippedPicker) -> Path:
-    # Every pinned file, the base's pins and the merge's version name the folder: a release
-    # that changes any of them (the prompt in picker.json too) never reuses an older merge.
-    pins = "".join(picker.sha256) + "".join(BUILTINS[picker.base].sha256) + str(MERGE_VERSION)
+    # The files that make the model (the adapter, picker.json's prompt), the base's pins and
+    # the merge's version name the folder: a release that changes any of them never reuses an
+    # older merge. The card is not among them: a card edit refreshes the folder's copy
+    # (prepare_shipped) instead of merging a GB again.
+    made_of = [h for rel, h in zip(SHIPPED_FILES, picker.sha256, strict=True) if rel != CARD]
+    pins = "".join(made_of) + "".join(BUILTINS[picker.base].sha256) + str(MERGE_VERSION)
     return cache_dir() / f"{picker.name}-{hashlib.sha256(pins.encode()).hexdigest()[:12]}"
 
 
@@ -118,13 +121,21 @@ def prepare_shipped(name: str, *, force: bool = False) -> Path:
     picker = SHIPPED[name]
     check_shipped(picker)
     out = prepared_picker_path(picker)
-    if (out / "picker.json").exists() and not force:
+    card = picker.sha256[SHIPPED_FILES.index(CARD)]
+    if (out / "picker.json").exists() and _same_file(out / CARD, card) and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):  # one process merges; the others find it done
         if (out / "picker.json").exists() and not force:
+            if not _same_file(out / CARD, card):  # written whole, then renamed over
+                shutil.copy(picker.folder / CARD, out / (CARD + ".partial"))
+                (out / (CARD + ".partial")).replace(out / CARD)
             return out
         return _merge(picker, out)
+
+
+def _same_file(path: Path, sha256: str) -> bool:
+    return path.is_file() and file_sha256(path) == sha256
 
 
 def picker_folder(ref: str) -> str:

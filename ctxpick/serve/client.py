@@ -59,10 +59,16 @@ class PickerClient:
             except ValueError:  # a proxy's or a crashed server's plain text
                 error = resp.text
             raise PickerError(resp.status_code, error)
-        body = resp.json()
         # A newer server may answer with fields this version does not know: ignored, so that
         # adding a response field never breaks a deployed client.
-        return Selection(**{k: v for k, v in body.items() if k in Selection.__dataclass_fields__})
+        try:
+            body = resp.json()
+            return Selection(
+                **{k: v for k, v in body.items() if k in Selection.__dataclass_fields__}
+            )
+        except (ValueError, AttributeError, TypeError) as err:  # not JSON, not an object, or
+            # lacking a field: a proxy's page or another service answering 200
+            raise PickerError(200, f"malformed answer ({err}): {resp.text[:200]!r}") from err
 
     def pick(
         self, question: str, passages: Sequence[Candidate], token_budget: int | None = None
