@@ -39,6 +39,10 @@ def test_demo_config_composes():
         ("demo.rl_data=human", "demo.rl_data must be mined or warmup_data"),
         ("rl.placement_strategy=RANDOM", "unknown rl.placement_strategy"),
         ("ray.reserve_timeout_s=0", "ray.reserve_timeout_s=0.0: seconds > 0, or null"),
+        # NaN compares false both ways: a `<= 0` check would let it wait forever
+        ("ray.reserve_timeout_s=nan", "ray.reserve_timeout_s=nan: seconds > 0, or null"),
+        ("rewards.timeout_s=nan", "rewards.timeout_s must be > 0"),
+        ("serve.batch_wait_timeout_s=nan", "serve.batch_wait_timeout_s=nan: expected seconds"),
         ("+rl.dataset_repeats.musique=0", "rl.dataset_repeats must be whole numbers >= 1"),
         ("rl.async_level=2", "rl.async_level must be 0 or 1"),
         # samples one version old need the sampler's log-probs to correct them

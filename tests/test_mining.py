@@ -173,6 +173,8 @@ def test_http_engine_retries_and_keeps_order(openai_server, monkeypatch):
         ).generate(chats[:1], SamplingConfig())
     with pytest.raises(ValueError, match="base_url"):
         HTTPEngineConfig(base_url="localhost:8000")
+    with pytest.raises(ValueError, match="timeout_s > 0"):
+        HTTPEngineConfig(base_url=openai_server, timeout_s=float("nan"))
 
 
 def test_a_mining_rerun_with_other_settings_is_refused(tmp_path):

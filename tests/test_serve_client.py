@@ -95,8 +95,9 @@ def test_a_plain_text_error_that_is_not_transient_is_raised_with_its_text(server
     "kind,body,why",
     [
         ("text/html", b"<html>captive portal</html>", "Expecting value"),
-        ("application/json", b"[1, 2]", "has no attribute 'items'"),
-        ("application/json", json.dumps({"ids": [0]}).encode(), "missing"),
+        ("application/json", b"[1, 2]", "valid dictionary"),
+        ("application/json", json.dumps({"ids": [0]}).encode(), "Field required"),
+        ("application/json", json.dumps({**ANSWER, "indices": None}).encode(), "indices"),
     ],
 )
 def test_a_malformed_200_is_raised_as_a_picker_error_naming_what_came(server, kind, body, why):
@@ -109,4 +110,8 @@ def test_a_malformed_200_is_raised_as_a_picker_error_naming_what_came(server, ki
         client.pick("q", ["a"])
     assert why in str(err.value) and body.decode()[:20] in str(err.value)
     assert err.value.status == 200 and len(seen) == 1
+    script[:] = [(200, kind, body)]
+    with pytest.raises(PickerError, match="200: malformed answer"):
+        asyncio.run(client.apick("q", ["a"]))
+    assert len(seen) == 2
     client.close()

@@ -38,6 +38,12 @@ def _answer(batcher, job):
     return asyncio.wrap_future(batcher.submit(job))
 
 
+def test_a_nan_wait_is_refused():
+    # NaN compares false both ways: an idle engine would spin, never sending a partial batch
+    with pytest.raises(ValueError, match="wait_s >= 0"):
+        Batcher(lambda jobs: jobs, max_batch_size=2, wait_s=float("nan"))
+
+
 def test_requests_queued_during_a_call_form_the_next_batch():
     gate = Gate()
 

@@ -356,7 +356,7 @@ def test_a_stage_that_fails_frees_the_actors_it_started(run, root):
     (root / "broken" / "checkpoints" / "latest").write_text("global_step9\n")
     with pytest.raises(FileNotFoundError, match="names checkpoint 'global_step9'"):
         train(tiny(root, "broken"))
-    assert _freed_to(before)
+    assert not _leaked_since(before)
 
 
 def _held():
@@ -367,16 +367,16 @@ def _held():
     return {k for k, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
 
 
-def _freed_to(before, wait_s=60):
-    """Whether the held placement groups are back to ``before`` within ``wait_s``: the GCS
-    records a removal a moment after it is asked."""
+def _leaked_since(before, wait_s=60):
+    """The placement groups held beyond ``before`` once ``wait_s`` has passed or none is left:
+    the GCS records a removal a moment after it is asked."""
     import time
 
     for _ in range(wait_s):
-        if _held() <= before:
-            return True
+        if not _held() - before:
+            break
         time.sleep(1)
-    return _held() <= before
+    return _held() - before
 
 
 def test_one_death_more_than_max_restarts_fails_the_stage_and_frees_its_actors(
@@ -402,7 +402,7 @@ def test_one_death_more_than_max_restarts_fails_the_stage_and_frees_its_actors(
         out = capsys.readouterr().out
         assert "restart 1/1 from the last checkpoint" in out and "restart 2/" not in out
         assert (folder / "checkpoints" / "latest").read_text() == "step1"
-        assert _freed_to(before)
+        assert not _leaked_since(before)
     finally:
         _drop_checkpoints(folder)
 

@@ -29,7 +29,7 @@ class Batcher:
     def __init__(
         self, fn: Callable[[list[Any]], Sequence[Any]], max_batch_size: int, wait_s: float
     ) -> None:
-        if max_batch_size < 1 or wait_s < 0:
+        if max_batch_size < 1 or not wait_s >= 0:  # NaN too: it would never time out
             raise ValueError("Batcher: max_batch_size >= 1 and wait_s >= 0")
         self.fn, self.max_batch_size, self.wait_s = fn, max_batch_size, wait_s
         self._cond = threading.Condition()

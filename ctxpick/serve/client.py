@@ -17,6 +17,7 @@ from tenacity import AsyncRetrying, Retrying
 
 from ctxpick.engines.retry import StatusError, retrying
 from ctxpick.picker.selection import Candidate, Selection
+from ctxpick.serve.schemas import PickResponse
 
 BACKOFF_S = 0.2
 
@@ -59,16 +60,15 @@ class PickerClient:
             except ValueError:  # a proxy's or a crashed server's plain text
                 error = resp.text
             raise PickerError(resp.status_code, error)
-        # A newer server may answer with fields this version does not know: ignored, so that
-        # adding a response field never breaks a deployed client.
+        # Checked against the response schema, whose unknown fields are ignored: a newer
+        # server's added field never breaks a deployed client, and a proxy's page or another
+        # service answering 200 is an error here, not a bad Selection in the caller's hands.
         try:
             body = resp.json()
-            return Selection(
-                **{k: v for k, v in body.items() if k in Selection.__dataclass_fields__}
-            )
-        except (ValueError, AttributeError, TypeError) as err:  # not JSON, not an object, or
-            # lacking a field: a proxy's page or another service answering 200
+            PickResponse.model_validate(body)  # the passages come back as given, not dumped
+        except ValueError as err:  # not JSON (JSONDecodeError), or not a pick (ValidationError)
             raise PickerError(200, f"malformed answer ({err}): {resp.text[:200]!r}") from err
+        return Selection(**{k: v for k, v in body.items() if k in Selection.__dataclass_fields__})
 
     def pick(
         self, question: str, passages: Sequence[Candidate], token_budget: int | None = None
