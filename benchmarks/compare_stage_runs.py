@@ -12,15 +12,12 @@ Run: .venv/bin/python benchmarks/compare_stage_runs.py BEFORE_DIR AFTER_DIR [...
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from statistics import mean
 
+from ctxpick.rl.report import read_metrics
+
 PARTS = ("time/step", "time/sync", "time/rollout", "time/learn")
-
-
-def read_steps(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
 def main() -> None:
@@ -29,11 +26,11 @@ def main() -> None:
     args = ap.parse_args()
     table, base_wall = [], None
     for folder in args.stages:
-        rows = read_steps(folder)
+        rows = read_metrics(folder / "metrics.jsonl")
         later = rows[1:]
         if not later:
             raise SystemExit(f"{folder}: needs at least 2 logged steps, has {len(rows)}")
-        means = {k: mean(r.get(k, 0.0) for r in later) for k in PARTS}
+        means = {k: mean(r[k] for r in later) for k in PARTS}  # a missing timing is an error
         wall = sum(r["time/step"] for r in rows)
         base_wall = base_wall or wall
         prompts = sum(r.get("prompts_drawn", 0) for r in rows)

@@ -42,7 +42,8 @@ def test_demo_config_composes():
         # NaN compares false both ways: a `<= 0` check would let it wait forever
         ("ray.reserve_timeout_s=nan", "ray.reserve_timeout_s=nan: seconds > 0, or null"),
         ("rewards.timeout_s=nan", "rewards.timeout_s must be > 0"),
-        ("serve.batch_wait_timeout_s=nan", "serve.batch_wait_timeout_s=nan: expected seconds"),
+        ("serve.batch_wait_timeout_s=nan", "serve.batch_wait_timeout_s=nan: expected finite"),
+        ("serve.batch_wait_timeout_s=inf", "serve.batch_wait_timeout_s=inf: expected finite"),
         ("+rl.dataset_repeats.musique=0", "rl.dataset_repeats must be whole numbers >= 1"),
         ("rl.async_level=2", "rl.async_level must be 0 or 1"),
         # samples one version old need the sampler's log-probs to correct them

@@ -92,6 +92,8 @@ def test_a_picker_decodes_as_its_picker_json_says_unless_told(in_spec, given, co
         ({"fallback_k": 0}, ValueError, "fallback_k"),
         ({"constrained": "yes"}, ValueError, "constrained"),
         ({"max_batch": 4}, TypeError, r"unknown options \['max_batch'\]"),
+        ({"batch_wait_s": float("inf")}, ValueError, "finite wait_s"),
+        ({"max_batch_size": 0}, ValueError, "max_batch_size >= 1"),
     ],
 )
 def test_from_pretrained_refuses_a_bad_option_before_any_engine_starts(bad, error, message):

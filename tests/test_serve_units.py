@@ -38,10 +38,11 @@ def _answer(batcher, job):
     return asyncio.wrap_future(batcher.submit(job))
 
 
-def test_a_nan_wait_is_refused():
-    # NaN compares false both ways: an idle engine would spin, never sending a partial batch
-    with pytest.raises(ValueError, match="wait_s >= 0"):
-        Batcher(lambda jobs: jobs, max_batch_size=2, wait_s=float("nan"))
+@pytest.mark.parametrize("wait", [float("nan"), float("inf"), -1.0])
+def test_a_wait_that_is_not_finite_seconds_is_refused(wait):
+    # NaN never times out (an idle engine spins); inf overflows Condition.wait in its thread
+    with pytest.raises(ValueError, match="a finite wait_s >= 0"):
+        Batcher(lambda jobs: jobs, max_batch_size=2, wait_s=wait)
 
 
 def test_requests_queued_during_a_call_form_the_next_batch():

@@ -12,6 +12,7 @@ the engine is free to take it.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -29,12 +30,18 @@ class Batcher:
     def __init__(
         self, fn: Callable[[list[Any]], Sequence[Any]], max_batch_size: int, wait_s: float
     ) -> None:
-        if max_batch_size < 1 or not wait_s >= 0:  # NaN too: it would never time out
-            raise ValueError("Batcher: max_batch_size >= 1 and wait_s >= 0")
+        self.check(max_batch_size, wait_s)
         self.fn, self.max_batch_size, self.wait_s = fn, max_batch_size, wait_s
         self._cond = threading.Condition()
         self._pending: deque[tuple[Any, Future]] = deque()
         self._running = False
+
+    @staticmethod
+    def check(max_batch_size: int, wait_s: float) -> None:
+        # A NaN wait never times out (an idle engine spins); an infinite one overflows
+        # Condition.wait and kills the engine's thread.
+        if max_batch_size < 1 or not (math.isfinite(wait_s) and wait_s >= 0):
+            raise ValueError("Batcher: max_batch_size >= 1 and a finite wait_s >= 0")
 
     def submit(self, job: Any) -> Future:
         """``job``'s result, as a future (``asyncio.wrap_future`` awaits it)."""

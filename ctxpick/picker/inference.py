@@ -87,6 +87,7 @@ class Picker:
 
     def __post_init__(self) -> None:
         _check_options(self.constrained, self.fallback, self.fallback_k)
+        Batcher.check(self.max_batch_size, self.batch_wait_s)
         # One engine call at a time (decide): an in-process vLLM engine hands a concurrent
         # call's outputs to whichever call collects first.
         self._engine_lock = threading.Lock()
@@ -130,6 +131,10 @@ class Picker:
             options.get("constrained"),
             options.get("fallback", cls.fallback),
             options.get("fallback_k", cls.fallback_k),
+        )
+        Batcher.check(
+            options.get("max_batch_size", cls.max_batch_size),
+            options.get("batch_wait_s", cls.batch_wait_s),
         )
         folder, spec = load_spec(path_or_alias)
         if not callable(engine):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ctxpick.picker.selection import FALLBACKS
@@ -65,9 +66,8 @@ class ServeConfig:
             raise ValueError("serve: num_replicas, max_batch_size, max_ongoing_requests >= 1")
         if not self.timeout_s > 0:
             raise ValueError(f"serve.timeout_s={self.timeout_s}: expected seconds > 0")
-        if not self.batch_wait_timeout_s >= 0:
-            raise ValueError(
-                f"serve.batch_wait_timeout_s={self.batch_wait_timeout_s}: expected seconds >= 0"
-            )
+        if not (math.isfinite(self.batch_wait_timeout_s) and self.batch_wait_timeout_s >= 0):
+            wait = self.batch_wait_timeout_s
+            raise ValueError(f"serve.batch_wait_timeout_s={wait}: expected finite seconds >= 0")
         if self.max_replicas and not 0 <= self.min_replicas <= self.max_replicas:
             raise ValueError("serve: autoscaling needs 0 <= min_replicas <= max_replicas")
