@@ -68,12 +68,20 @@ def test_a_plain_text_503_is_retried_then_answered(server):
     client.close()
 
 
-def test_an_answer_with_fields_this_client_does_not_know_is_read(server):
-    """A newer server's added response field must not break a deployed client."""
+def test_an_answer_from_an_older_or_a_newer_server_is_read_with_the_schemas_types(server):
+    """A newer server's added field, also inside an echoed passage, must not break a deployed
+    client; an older server's answer (before `output` and `batch_size`) reads with their
+    defaults; the Selection holds the schema's types (a "5" is 5), its passages as sent."""
     url, script, _ = server
     client = PickerClient(url)
-    script[:] = [(200, "application/json", json.dumps({**ANSWER, "added_later": 1}).encode())]
-    assert client.pick("q", ["a", "b"]).indices == [0]
+    passage = {"id": "d1", "text": "a", "title": None, "added_later": True}
+    newer = {**ANSWER, "added_later": 1, "passages": [passage], "tokens_in": "5"}
+    older = {k: v for k, v in ANSWER.items() if k not in ("output", "batch_size")}
+    script[:] = [(200, "application/json", json.dumps(b).encode()) for b in (newer, older)]
+    sel = client.pick("q", [passage])
+    assert sel.indices == [0] and sel.passages == [passage] and sel.tokens_in == 5
+    sel = asyncio.run(client.apick("q", ["a", "b"]))
+    assert (sel.indices, sel.output, sel.batch_size, sel.passages) == ([0], "", 1, ["a"])
     client.close()
 
 

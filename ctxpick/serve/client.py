@@ -60,15 +60,17 @@ class PickerClient:
             except ValueError:  # a proxy's or a crashed server's plain text
                 error = resp.text
             raise PickerError(resp.status_code, error)
-        # Checked against the response schema, whose unknown fields are ignored: a newer
-        # server's added field never breaks a deployed client, and a proxy's page or another
-        # service answering 200 is an error here, not a bad Selection in the caller's hands.
+        # Read through the response schema, whose unknown fields are ignored: a newer server's
+        # added field never breaks a deployed client, and a proxy's page or another service
+        # answering 200 is an error here, not a bad Selection in the caller's hands. The
+        # Selection holds the validated values (a "5" read as 5), its passages as they came.
         try:
             body = resp.json()
-            PickResponse.model_validate(body)  # the passages come back as given, not dumped
+            answer = PickResponse.model_validate(body).model_dump(exclude={"passages"})
         except ValueError as err:  # not JSON (JSONDecodeError), or not a pick (ValidationError)
             raise PickerError(200, f"malformed answer ({err}): {resp.text[:200]!r}") from err
-        return Selection(**{k: v for k, v in body.items() if k in Selection.__dataclass_fields__})
+        fields = {k: v for k, v in answer.items() if k in Selection.__dataclass_fields__}
+        return Selection(**fields, passages=body["passages"])
 
     def pick(
         self, question: str, passages: Sequence[Candidate], token_budget: int | None = None

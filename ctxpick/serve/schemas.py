@@ -38,6 +38,13 @@ class PassageIn(BaseModel):
     title: Text | None = None
 
 
+class PassageOut(PassageIn):
+    """A passage echoed back as sent. Keys a later server echoes are ignored, not refused, so a
+    deployed client reads its answers."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
 class PickRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: Text = Field(min_length=1)
@@ -51,7 +58,7 @@ class PickResponse(BaseModel):
     model: str
     ids: list[str | int] = Field(description="kept ids (a plain string's 0-based position)")
     indices: list[int] = Field(description="kept 0-based positions, retriever order")
-    passages: list[str | PassageIn]
+    passages: list[str | PassageOut]
     rationale: str
     tokens_in: int
     tokens_kept: int
@@ -64,11 +71,13 @@ class PickResponse(BaseModel):
     latency_ms: float = Field(
         description="the engine call this question was part of; with 'deadline': the wait"
     )
+    # Defaults for fields added on 2026-12-04, which older servers do not send: as a Selection's.
     batch_size: int = Field(
+        1,
         description="questions in that engine call (0: none, e.g. 'deadline'; after an engine "
-        "error: the call it was sent in)"
+        "error: the call it was sent in)",
     )
-    output: str = Field(description="the picker's raw output ('': no engine call answered)")
+    output: str = Field("", description="the picker's raw output ('': no engine call answered)")
     rationale_cut: bool = Field(
         False, description="max_tokens cut the rationale; the ids written before it are kept"
     )
