@@ -15,6 +15,7 @@ from ctxpick.engines.ray_pool import EngineConfig
 from ctxpick.judge.judges import JudgeConfig
 from ctxpick.mining.rewrites import DEFAULT_REWRITE_SYSTEM
 from ctxpick.paths import CONF_DIR, SAMPLES_DIR
+from ctxpick.picker.examples import check_rationale
 from ctxpick.picker.format import FORMATS
 from ctxpick.picker.spec import PickerSpec, pool_settings
 from ctxpick.retrieval.chunking import ChunkingConfig
@@ -156,10 +157,14 @@ class StageConfig:
     # sft: loss weight of the tokens of <ids>...</ids> (the decision) against the rationale's
     # and the template's, which otherwise carry almost all of the loss.
     id_weight: float = 1.0
+    # sft: what the target's rationale says (ctxpick/picker/examples.py): the chosen passages'
+    # titles, or what each contributes.
+    rationale: str = "titles"
 
     def __post_init__(self) -> None:
         if self.id_weight <= 0:
             raise ValueError("stage.id_weight must be > 0")
+        check_rationale(self.rationale)
         if self.kind not in ("grpo", "sft"):
             raise ValueError(f"stage.kind must be grpo or sft, not {self.kind!r}")
         if self.redundancy_margin < 0:

@@ -8,6 +8,7 @@ import yaml
 
 from ctxpick.config import ConfigError
 from ctxpick.picker.examples import examples_from_record, warm_start_pick
+from ctxpick.picker.format import FORMATS, parse_pick, render_pick
 from ctxpick.rl.batching import TrainSequence, micro_batches, plan_updates
 from ctxpick.rl.prompt_stream import PromptStream, TrainState
 from ctxpick.rl.sweep import sweep_table
@@ -47,6 +48,62 @@ def test_picker_examples_keep_gold_cut_and_shuffle():
     pick = warm_start_pick(exs[0])
     assert pick.ids == tuple(sorted(exs[0].gold + exs[0].human_gold))
     assert all(f"T{i}" in pick.rationale for i in (1, 4, 5))
+
+
+def _bridge_record():
+    """A 2Wiki training question (its two evidence passages: a bridge, then the answer)."""
+    texts = [
+        (
+            "Sebastian Kneipp (film)",
+            "Sebastian Kneipp is a 1958 Austrian film directed by "
+            "Wolfgang Liebeneiner and starring Carl Wery.",
+        ),
+        ("Carl Wery", "Carl Wery was a German actor."),
+        (
+            "Wolfgang Liebeneiner",
+            "Wolfgang Liebeneiner (6 October 1905 - 28 November 1987) was "
+            "a German actor and film director.",
+        ),
+        ("Kneipp", "Kneipp is a German brand of bath products."),
+    ]
+    pool = [{"pid": f"p{i}", "title": t, "text": x} for i, (t, x) in enumerate(texts)]
+    return {
+        **_record(gold=("p0", "p2"), rewrites=()),
+        "question": "When did the director of film Sebastian Kneipp die?",
+        "answers": ["28 November 1987"],
+        "pool": pool,
+    }
+
+
+def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
+    """stage.rationale=contributions: each chosen passage once, in the ids' order, with the
+    question's words it is first to name, the chosen passage its text leads to, and the answer
+    where its text holds it; written before the ids, it parses back to the same pick."""
+    [ex] = examples_from_record(_bridge_record(), 4, 0)
+    pick = warm_start_pick(ex, "contributions")
+    assert pick.ids == (1, 3)
+    assert pick.rationale == (
+        "[1] names Sebastian, Kneipp; leads to [3]. [3] names director; gives 28 November 1987."
+    )
+    text = render_pick(pick, FORMATS["rationale_ids"])
+    assert parse_pick(text, 4, FORMATS["rationale_ids"]) == pick
+    # a chosen passage that adds none of these is still named, by what it is about
+    lone = warm_start_pick(
+        examples_from_record({**_bridge_record(), "gold_minimal": ["p1"]}, 4, 0)[0], "contributions"
+    )
+    assert lone.rationale == "[2] is about Carl Wery."
+    with pytest.raises(ValueError, match="stage.rationale must be one of"):
+        warm_start_pick(ex, "why")
+    # A stage's recorded settings hold the rationale only when it is not the default, so
+    # stages recorded before the option existed still resume.
+    from ctxpick.config import compose
+    from ctxpick.rl.stage_settings import stage_settings
+
+    settings = [
+        stage_settings(compose(["stage=warmup", *o]))["stage"]
+        for o in ([], ["stage.rationale=contributions"])
+    ]
+    assert "rationale" not in settings[0] and settings[1]["rationale"] == "contributions"
 
 
 def test_picker_examples_in_pool_order_are_what_inference_shows():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,12 +160,61 @@ def load_picker_examples(
     return splits
 
 
-def warm_start_pick(ex: PickerExample) -> Pick:
+# What a warm-start target's rationale says (stage.rationale).
+RATIONALES = ("titles", "contributions")
+# Words a question shares with almost any passage: naming them says nothing about a passage.
+_STOP = frozenset(
+    "what which where when who whom whose why how does did was were are is the this that these "
+    "those than then from with into onto about also have has had their there they them for and "
+    "not but its it's both same other many much more most name named film song born".split()
+)
+
+
+def check_rationale(rationale: str) -> None:
+    if rationale not in RATIONALES:
+        raise ValueError(f"stage.rationale must be one of {RATIONALES}, not {rationale!r}")
+
+
+def warm_start_pick(ex: PickerExample, rationale: str = "titles") -> Pick:
     """The supervised target of the optional warm start: the mined set together with the
-    dataset's own evidence, with a rationale naming the chosen passages' titles (no teacher
-    model is needed). The union teaches the format and a recall-first habit for Stage I to
-    refine and Stage II to compress: mined sets alone are often a single passage, and a
-    picker copying them never samples a larger set for GRPO to compare."""
+    dataset's own evidence (no teacher model is needed). The union teaches the format and a
+    recall-first habit for Stage I to refine and Stage II to compress: mined sets alone are
+    often a single passage, and a picker copying them never samples a larger set for GRPO to
+    compare. Its rationale names the chosen passages' titles, or (``contributions``) what each
+    adds: see :func:`contributions`."""
+    check_rationale(rationale)
     ids = tuple(sorted(set(ex.gold) | set(ex.human_gold)))
+    if rationale == "contributions":
+        return Pick(contributions(ex, ids), ids)
     parts = [f"[{i}] {ex.passages[i - 1].title or 'this passage'}" for i in ids]
     return Pick(f"The answer needs {', '.join(parts)}.", ids)
+
+
+def contributions(ex: PickerExample, ids: tuple[int, ...], max_words: int = 6) -> str:
+    """A rationale saying what each chosen passage adds, from the record alone: the question's
+    words it is first to name, the chosen passage it leads to (its text names that one's
+    title: the bridge of a multi-hop question) and the answer, where its text holds one. Read
+    before the ids, it lets the count follow from the question (one passage per hop) rather
+    than from a dataset's usual size."""
+    terms = list(dict.fromkeys(re.findall(r"[A-Za-z0-9][\w'-]{3,}", ex.question)))
+    terms = [t for t in terms if t.lower() not in _STOP]
+    answers = [a for a in ex.answers if a.strip() and a.lower() not in ("yes", "no")]
+    named: set[str] = set()
+    parts = []
+    for i in ids:
+        p = ex.passages[i - 1]
+        text = f"{p.title} {p.text}".lower()
+        new = [t for t in terms if t.lower() in text and t.lower() not in named][:2]
+        named |= {t.lower() for t in new}
+        bits = [f"names {', '.join(new)}"] if new else []
+        bits += [
+            f"leads to [{j}]"
+            for j in ids
+            if (title := ex.passages[j - 1].title)
+            and title != p.title
+            and title.lower() in p.text.lower()
+        ][:1]
+        if answer := next((a for a in answers if a.lower() in p.text.lower()), None):
+            bits.append(f"gives {truncate_words(answer, max_words)}")
+        parts.append(f"[{i}] {'; '.join(bits) or 'is about ' + truncate_words(p.title, 4)}")
+    return ". ".join(parts) + "."

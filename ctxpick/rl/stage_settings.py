@@ -32,7 +32,12 @@ def stage_settings(cfg: Config) -> dict[str, Any]:
     """What a stage's weights depend on: its data, prompt, reward, optimiser and seed."""
     rl = cfg.rl
     return {
-        "stage": {k: v for k, v in asdict(cfg.stage).items() if k not in RUN_LENGTH},
+        "stage": {
+            k: v
+            for k, v in asdict(cfg.stage).items()
+            # The default rationale is omitted: stages recorded before the option stay resumable.
+            if k not in RUN_LENGTH and (k, v) != ("rationale", "titles")
+        },
         "rewards": {"format_penalty": cfg.rewards.format_penalty, "fallback": cfg.rewards.fallback},
         "picker": asdict(cfg.picker),
         "rl": {
