@@ -92,6 +92,15 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
         examples_from_record({**_bridge_record(), "gold_minimal": ["p1"]}, 4, 0)[0], "contributions"
     )
     assert lone.rationale == "[2] is about Carl Wery."
+    # Words, not substrings: an answer "1987" is not given by "19870"; a possessive or another
+    # case does not make a question's word new; a passage without a title is still named.
+    record = {**_bridge_record(), "answers": ["1987"]}
+    record["question"] = "When did the kneipp film director of Sebastian Kneipp's film die?"
+    record["pool"][2] = {**record["pool"][2], "title": None, "text": "He died in 19870."}
+    [ex] = examples_from_record(record, 4, 0)
+    assert warm_start_pick(ex, "contributions").rationale == (
+        "[1] names kneipp, Sebastian. [3] is about this passage."
+    )
     with pytest.raises(ValueError, match="stage.rationale must be one of"):
         warm_start_pick(ex, "why")
     # A stage's recorded settings hold the rationale only when it is not the default, so

@@ -71,15 +71,17 @@ def test_a_plain_text_503_is_retried_then_answered(server):
 def test_an_answer_from_an_older_or_a_newer_server_is_read_with_the_schemas_types(server):
     """A newer server's added field, also inside an echoed passage, must not break a deployed
     client; an older server's answer (before `output` and `batch_size`) reads with their
-    defaults; the Selection holds the schema's types (a "5" is 5), its passages as sent."""
+    defaults; the Selection holds the schema's types (a count "5" is 5; an id "5" stays "5"), its passages as sent."""
     url, script, _ = server
     client = PickerClient(url)
-    passage = {"id": "d1", "text": "a", "title": None, "added_later": True}
-    newer = {**ANSWER, "added_later": 1, "passages": [passage], "tokens_in": "5"}
+    passage = {"id": "5", "text": "a", "title": None, "added_later": True}
+    newer = {**ANSWER, "added_later": 1, "passages": [passage, "b"], "tokens_in": "5"}
+    newer |= {"ids": ["5", 1], "indices": [0, 1]}  # an id keeps its type: "5" and 1
     older = {k: v for k, v in ANSWER.items() if k not in ("output", "batch_size")}
     script[:] = [(200, "application/json", json.dumps(b).encode()) for b in (newer, older)]
-    sel = client.pick("q", [passage])
-    assert sel.indices == [0] and sel.passages == [passage] and sel.tokens_in == 5
+    sel = client.pick("q", [passage, "b"])
+    assert (sel.ids, sel.passages, sel.tokens_in) == (["5", 1], [passage, "b"], 5)
+    assert [type(i) for i in sel.ids] == [str, int]
     sel = asyncio.run(client.apick("q", ["a", "b"]))
     assert (sel.indices, sel.output, sel.batch_size, sel.passages) == ([0], "", 1, ["a"])
     client.close()

@@ -196,25 +196,33 @@ def contributions(ex: PickerExample, ids: tuple[int, ...], max_words: int = 6) -
     title: the bridge of a multi-hop question) and the answer, where its text holds one. Read
     before the ids, it lets the count follow from the question (one passage per hop) rather
     than from a dataset's usual size."""
-    terms = list(dict.fromkeys(re.findall(r"[A-Za-z0-9][\w'-]{3,}", ex.question)))
-    terms = [t for t in terms if t.lower() not in _STOP]
+    spelled: dict[str, str] = {}  # each word once, as first spelled, in the question's order
+    for word in re.findall(r"\b\w[\w'-]{3,}", ex.question):
+        spelled.setdefault(re.sub(r"'s$", "", word).lower(), re.sub(r"'s$", "", word))
+    terms = [w for low, w in spelled.items() if low not in _STOP]
     answers = [a for a in ex.answers if a.strip() and a.lower() not in ("yes", "no")]
     named: set[str] = set()
     parts = []
     for i in ids:
         p = ex.passages[i - 1]
-        text = f"{p.title} {p.text}".lower()
-        new = [t for t in terms if t.lower() in text and t.lower() not in named][:2]
+        new = [t for t in terms if _names(f"{p.title} {p.text}", t, whole=False)]
+        new = [t for t in new if t.lower() not in named][:2]
         named |= {t.lower() for t in new}
         bits = [f"names {', '.join(new)}"] if new else []
         bits += [
             f"leads to [{j}]"
             for j in ids
-            if (title := ex.passages[j - 1].title)
-            and title != p.title
-            and title.lower() in p.text.lower()
+            if (title := ex.passages[j - 1].title) and title != p.title and _names(p.text, title)
         ][:1]
-        if answer := next((a for a in answers if a.lower() in p.text.lower()), None):
+        if answer := next((a for a in answers if _names(p.text, a)), None):
             bits.append(f"gives {truncate_words(answer, max_words)}")
-        parts.append(f"[{i}] {'; '.join(bits) or 'is about ' + truncate_words(p.title, 4)}")
+        about = f"is about {truncate_words(p.title or 'this passage', 4)}"
+        parts.append(f"[{i}] {'; '.join(bits) or about}")
     return ". ".join(parts) + "."
+
+
+def _names(text: str, phrase: str, whole: bool = True) -> bool:
+    """``text`` holds ``phrase`` as words (case aside): "India" is not in "Indian", nor "2" in
+    "1923"; with ``whole=False`` only its start must begin a word, so "film" names "films"."""
+    end = r"(?!\w)" if whole else ""
+    return re.search(rf"(?<!\w){re.escape(phrase.lower())}{end}", text.lower()) is not None
