@@ -71,7 +71,8 @@ def test_a_plain_text_503_is_retried_then_answered(server):
 def test_an_answer_from_an_older_or_a_newer_server_is_read_with_the_schemas_types(server):
     """A newer server's added field, also inside an echoed passage, must not break a deployed
     client; an older server's answer (before `output` and `batch_size`) reads with their
-    defaults; the Selection holds the schema's types (a count "5" is 5; an id "5" stays "5"), its passages as sent."""
+    defaults; the Selection holds the schema's types (a count "5" is 5; an id "5" stays "5"),
+    its passages as sent."""
     url, script, _ = server
     client = PickerClient(url)
     passage = {"id": "5", "text": "a", "title": None, "added_later": True}
