@@ -198,7 +198,8 @@ def contributions(ex: PickerExample, ids: tuple[int, ...], max_words: int = 6) -
     than from a dataset's usual size."""
     spelled: dict[str, str] = {}  # each word once, as first spelled, in the question's order
     for word in re.findall(r"\b\w[\w'-]{3,}", ex.question):
-        spelled.setdefault(re.sub(r"'s$", "", word).lower(), re.sub(r"'s$", "", word))
+        word = re.sub(r"'s$", "", word)
+        spelled.setdefault(word.lower(), word)
     terms = [w for low, w in spelled.items() if low not in _STOP]
     answers = [a for a in ex.answers if a.strip() and a.lower() not in ("yes", "no")]
     named: set[str] = set()

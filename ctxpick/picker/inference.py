@@ -87,7 +87,6 @@ class Picker:
 
     def __post_init__(self) -> None:
         _check_options(self.constrained, self.fallback, self.fallback_k)
-        Batcher.check(self.max_batch_size, self.batch_wait_s)
         # One engine call at a time (decide): an in-process vLLM engine hands a concurrent
         # call's outputs to whichever call collects first.
         self._engine_lock = threading.Lock()
