@@ -103,16 +103,34 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
     )
     with pytest.raises(ValueError, match="stage.rationale must be one of"):
         warm_start_pick(ex, "why")
-    # A stage's recorded settings hold the rationale only when it is not the default, so
-    # stages recorded before the option existed still resume.
-    from ctxpick.config import compose
-    from ctxpick.rl.stage_settings import stage_settings
 
-    settings = [
-        stage_settings(compose(["stage=warmup", *o]))["stage"]
-        for o in ([], ["stage.rationale=contributions"])
-    ]
-    assert "rationale" not in settings[0] and settings[1]["rationale"] == "contributions"
+
+def test_a_stage_recorded_before_later_options_resumes_under_their_old_values(tmp_path):
+    """A folder whose settings.json predates stage.rationale, dynamic sampling and async
+    rollouts holds a stage trained without them: the same config resumes there, and turning
+    any of them on is refused, naming the key."""
+    from ctxpick.config import ConfigError, compose
+    from ctxpick.rl.stage_settings import ADDED_LATER, SETTINGS_FILE, check_stage_settings
+
+    base = ["stage=warmup", f"output_dir={tmp_path}"]
+    cfg = compose(base)
+    check_stage_settings(cfg, tmp_path)
+    recorded = json.loads((tmp_path / SETTINGS_FILE).read_text())
+    for dotted in ADDED_LATER:
+        group, key = dotted.split(".")
+        assert recorded[group].pop(key) == ADDED_LATER[dotted]  # today's default is the old value
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    (tmp_path / "final").mkdir()
+    check_stage_settings(cfg, tmp_path)  # resumes
+    for override, key in (
+        ("stage.rationale=contributions", "stage.rationale"),
+        ("rl.dynamic_sampling=true", "rl.dynamic_sampling"),
+        ("rl.async_level=1 rl.learner.grpo.tis_cap=2.0", "rl.async_level"),
+        ("+rl.dataset_repeats.musique=3", "rl.dataset_repeats.musique"),
+    ):
+        (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+        with pytest.raises(ConfigError, match=rf"other settings \({key}: "):
+            check_stage_settings(compose([*base, *override.split()]), tmp_path)
 
 
 def test_picker_examples_in_pool_order_are_what_inference_shows():

@@ -26,18 +26,22 @@ LEARNER_RESOURCES = {
     "logprob_chunk",
     "packing",
 }
+# Options added after stages were first recorded, each at the value every stage trained with
+# before it existed: a folder recorded without one holds a stage trained that way. A historical
+# fact, so a literal, not the config's default of today.
+ADDED_LATER: dict[str, Any] = {
+    "stage.rationale": "titles",
+    "rl.dynamic_sampling": False,
+    "rl.max_prompt_draws": 12,
+    "rl.async_level": 0,
+}
 
 
 def stage_settings(cfg: Config) -> dict[str, Any]:
     """What a stage's weights depend on: its data, prompt, reward, optimiser and seed."""
     rl = cfg.rl
     return {
-        "stage": {
-            k: v
-            for k, v in asdict(cfg.stage).items()
-            # The default rationale is omitted: stages recorded before the option stay resumable.
-            if k not in RUN_LENGTH and (k, v) != ("rationale", "titles")
-        },
+        "stage": {k: v for k, v in asdict(cfg.stage).items() if k not in RUN_LENGTH},
         "rewards": {"format_penalty": cfg.rewards.format_penalty, "fallback": cfg.rewards.fallback},
         "picker": asdict(cfg.picker),
         "rl": {
@@ -45,14 +49,11 @@ def stage_settings(cfg: Config) -> dict[str, Any]:
             "pool_order": rl.pool_order,
             "prompts_per_step": rl.prompts_per_step,
             "learner": {k: v for k, v in asdict(rl.learner).items() if k not in LEARNER_RESOURCES},
-            # Only when on: stages recorded before the option existed stay resumable.
-            **(
-                {"dynamic_sampling": True, "max_prompt_draws": rl.max_prompt_draws}
-                if rl.dynamic_sampling
-                else {}
-            ),
-            **({"async_level": rl.async_level} if rl.async_level else {}),
-            **({"dataset_repeats": repeats} if (repeats := _repeats(rl.dataset_repeats)) else {}),
+            "dynamic_sampling": rl.dynamic_sampling,
+            "max_prompt_draws": rl.max_prompt_draws,
+            "async_level": rl.async_level,
+            # No repeats record no key, as before the option existed.
+            "dataset_repeats": _repeats(rl.dataset_repeats),
         },
         "seed": cfg.seed,
     }
@@ -73,7 +74,7 @@ def check_stage_settings(cfg: Config, out: Path) -> None:
     if trained and not path.exists():
         log.warning("%s holds a stage trained before its settings were recorded", out)
     if trained and path.exists():
-        old = _flat(json.loads(path.read_text()))
+        old = ADDED_LATER | _flat(json.loads(path.read_text()))
         if changed := sorted(
             k for k in old.keys() | settings.keys() if old.get(k) != settings.get(k)
         ):
