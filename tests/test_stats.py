@@ -118,3 +118,26 @@ def test_ablation_table_rows_are_variants_with_intervals():
     assert full[:2] == ["full", "20"] and full[2].startswith("60.0 [") and full[-1] == "50 [50, 50]"
     abl = [c.strip() for c in lines[3].split("|")[1:-1]]
     assert abl[:4] == ["w/o X", "10", abl[2], "n/a"] and abl[2].startswith("20.0 [")
+
+
+def test_seed_spread_is_over_runs_and_pairs_each_run_with_the_baseline():
+    """Three runs right on 2, 3 and 4 of 4 questions where the baseline is right on 2: their
+    accuracies 50, 75, 100 (mean 75, sd 25); each run's paired difference +0, +25, +50, and only
+    an interval off 0 is starred. A run with no records is named, not read as zero."""
+    from ctxpick.eval.seeds import seed_table
+
+    recs = [_rec("bm25@2", f"q{i}", i < 2, 100) for i in range(4)]
+    for run, right in (("picker:s0", 2), ("picker:s1", 3), ("picker:s2", 4)):
+        recs += [_rec(run, f"q{i}", i < right, 80) for i in range(4)]
+    runs = ["picker:s0", "picker:s1", "picker:s2"]
+    rows = {
+        (cells[0], cells[1]): cells[2:]
+        for line in seed_table(recs, runs, ["bm25@2"]).splitlines()[2:]
+        if len(cells := [c.strip() for c in line.split("|")[1:-1]]) > 1
+    }
+    assert rows[("acc %", "average")] == ["50.0", "75.0", "100.0", "75.0", "25.0", "50.0 – 100.0"]
+    assert rows[("Δ acc % vs bm25@2", "hotpotqa")][:4] == ["+0.0", "+25.0", "+50.0", "+25.0"]
+    assert rows[("Δ tok vs bm25@2", "average")] == ["-20*"] * 3 + ["-20", "0", "-20 – -20"]
+    assert rows[("ev. F1 %", "average")] == ["n/a"] * 6
+    with pytest.raises(ValueError, match=r"no records of \['picker:s3'\]"):
+        seed_table(recs, [*runs, "picker:s3"], ["bm25@2"])

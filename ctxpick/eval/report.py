@@ -69,12 +69,12 @@ METRICS = {
 }
 
 
-def _values(rs: list[dict[str, Any]], metric: str) -> list[float]:
+def metric_values(rs: list[dict[str, Any]], metric: str) -> list[float]:
     return [v for v in map(METRICS[metric], rs) if v is not None]
 
 
 def _ci(rs: list[dict[str, Any]], metric: str) -> tuple[float, float] | None:
-    values = _values(rs, metric)
+    values = metric_values(rs, metric)
     if not values:
         return None
     e = bootstrap_mean(values)
@@ -212,7 +212,7 @@ def _interval_cell(e: Estimate | None, scale: float = 100, digits: int = 1) -> s
     return f"{scale * e.mean:.{digits}f} [{scale * e.lo:.{digits}f}, {scale * e.hi:.{digits}f}]"
 
 
-def _estimate(groups: list[list[float]]) -> Estimate | None:
+def estimate(groups: list[list[float]]) -> Estimate | None:
     """One dataset: its bootstrap; several: the average over datasets, stratified."""
     groups = [g for g in groups if g]
     if not groups:
@@ -237,7 +237,7 @@ def ci_table(records: list[dict[str, Any]], methods: list[str]) -> str:
             ]
             if not groups:
                 continue
-            cells = [_estimate([_values(g, metric) for g in groups]) for metric in METRICS]
+            cells = [estimate([metric_values(g, metric) for g in groups]) for metric in METRICS]
             rows.append(
                 [d, m, str(sum(map(len, groups)))]
                 + [_interval_cell(e) for e in cells[:-1]]
@@ -261,9 +261,9 @@ def ablation_table(records: list[dict[str, Any]], variants: dict[str, str]) -> s
             continue
         groups = [by.get((d, label), []) for d in datasets]
         over = [by[(d, label)] for d in avg.over(label)]
-        acc = [_estimate([_values(g, "accuracy")]) for g in groups]
-        means = [_estimate([_values(g, m) for g in over]) for m in ("accuracy", "evidence_f1")]
-        tokens = _estimate([_values(g, "context_tokens") for g in over])
+        acc = [estimate([metric_values(g, "accuracy")]) for g in groups]
+        means = [estimate([metric_values(g, m) for g in over]) for m in ("accuracy", "evidence_f1")]
+        tokens = estimate([metric_values(g, "context_tokens") for g in over])
         rows.append(
             [name, str(sum(map(len, groups)))]
             + [_interval_cell(e) for e in [*acc, *means]]
@@ -278,39 +278,49 @@ def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str) -> 
     return [f(x) - f(y) for x, y in pairs if f(x) is not None and f(y) is not None]
 
 
-def paired_table(records: list[dict[str, Any]], pickers: list[str], baselines: list[str]) -> str:
-    """Each picker against each baseline on the questions both answered: the mean difference
-    (picker - baseline) in judged accuracy, evidence F1 and context tokens, with its paired
-    95% bootstrap interval (the questions resampled together), per dataset and on the average
-    over datasets. A * marks an interval that excludes 0."""
+def paired_estimates(
+    records: list[dict[str, Any]], picker: str, baseline: str
+) -> dict[str, dict[str, Estimate | None]]:
+    """``picker`` minus ``baseline`` on the questions both answered: per dataset and on the
+    average over them ("average", each dataset resampled on its own), each metric of
+    :data:`PAIRED` with its paired 95% bootstrap interval (the questions resampled together).
+    Empty where they share no question."""
     by = {(r["dataset"], r["method"], r["example_id"]): r for r in records}
-    datasets = sorted({r["dataset"] for r in records})
+    per_dataset = {}
+    for d in sorted({r["dataset"] for r in records}):
+        qs = sorted(q for (x, m, q) in by if x == d and m == picker and (d, baseline, q) in by)
+        if qs:
+            per_dataset[d] = [(by[(d, picker, q)], by[(d, baseline, q)]) for q in qs]
+    out = {}
+    for d in [*per_dataset, "average"] if per_dataset else []:
+        chosen = list(per_dataset.values()) if d == "average" else [per_dataset[d]]
+        out[d] = {m: estimate([_paired(pairs, m) for pairs in chosen]) for m in PAIRED}
+    return out
+
+
+# The paired metrics, each with its scale and digits as printed.
+PAIRED = {"accuracy": (100, 1), "evidence_f1": (100, 1), "context_tokens": (1, 0)}
+
+
+def paired_cell(e: Estimate | None, metric: str) -> str:
+    """A paired difference as printed: mean [lo, hi], * where the interval excludes 0."""
+    mark = "*" if e is not None and e.excludes_zero() else ""
+    return _interval_cell(e, *PAIRED[metric]) + mark
+
+
+def paired_table(records: list[dict[str, Any]], pickers: list[str], baselines: list[str]) -> str:
+    """Each picker against each baseline (:func:`paired_estimates`): the mean difference
+    (picker - baseline) in judged accuracy, evidence F1 and context tokens, per dataset and on
+    the average over datasets. A * marks an interval that excludes 0."""
     rows = [["picker", "baseline", "dataset", "n", "Δ acc %", "Δ ev. F1 %", "Δ tok"]]
     # A matched row takes one picker's set sizes: it is that picker's control only.
-    pairs = [
-        (p, b)
-        for p in pickers
-        for b in baselines
-        if matched_picker(b) in (None, p.removeprefix("picker:"))
-    ]
-    for p, b in pairs:
-        per_dataset = {}
-        for d in datasets:
-            qs = sorted(q for (x, m, q) in by if x == d and m == p and (d, b, q) in by)
-            if qs:
-                per_dataset[d] = [(by[(d, p, q)], by[(d, b, q)]) for q in qs]
-        for d in [*per_dataset, "average"] if per_dataset else []:
-            chosen = list(per_dataset.values()) if d == "average" else [per_dataset[d]]
-            cells = []
-            for metric, scale, digits in (
-                ("accuracy", 100, 1),
-                ("evidence_f1", 100, 1),
-                ("context_tokens", 1, 0),
-            ):
-                e = _estimate([_paired(pairs, metric) for pairs in chosen])
-                mark = "*" if e is not None and e.excludes_zero() else ""
-                cells.append(_interval_cell(e, scale, digits) + mark)
-            rows.append([p, b, d, str(sum(map(len, chosen))), *cells])
+    for p in pickers:
+        for b in baselines:
+            if matched_picker(b) not in (None, p.removeprefix("picker:")):
+                continue
+            for d, cells in paired_estimates(records, p, b).items():
+                n = str(cells["accuracy"].n if cells["accuracy"] else 0)
+                rows.append([p, b, d, n, *(paired_cell(cells[m], m) for m in PAIRED)])
     return markdown_table(rows)
 
 

@@ -4,7 +4,7 @@ Every interval is a 95% percentile bootstrap (``n_boot`` resamples, seeded, so a
 reproducible). An average over datasets resamples each dataset's questions on its own and
 averages the per-dataset means (a stratified bootstrap: each dataset keeps its size). A paired
 comparison is the bootstrap of the per-question differences over the questions both methods
-answered (:func:`ctxpick.eval.report.paired_table`), so the pairing is kept.
+answered (:func:`ctxpick.eval.report.paired_estimates`), so the pairing is kept.
 """
 
 from __future__ import annotations
