@@ -106,22 +106,24 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
 
 
 def test_a_stage_recorded_before_later_options_resumes_under_their_old_values(tmp_path):
-    """A folder whose settings.json predates stage.rationale, dynamic sampling and async
-    rollouts holds a stage trained without them: the same config resumes there, and turning
-    any of them on is refused, naming the key."""
+    """A folder whose settings.json predates stage.rationale and async rollouts, and left
+    dynamic sampling out when off, holds a stage trained without them: the same config resumes
+    there, and turning any of them on is refused, naming the key. The draws cap is read only
+    by dynamic sampling, so with it off another cap resumes too."""
     from ctxpick.config import ConfigError, compose
-    from ctxpick.rl.stage_settings import ADDED_LATER, SETTINGS_FILE, check_stage_settings
+    from ctxpick.rl.stage_settings import SETTINGS_FILE, check_stage_settings
 
     base = ["stage=warmup", f"output_dir={tmp_path}"]
-    cfg = compose(base)
-    check_stage_settings(cfg, tmp_path)
+    check_stage_settings(compose(base), tmp_path)
     recorded = json.loads((tmp_path / SETTINGS_FILE).read_text())
-    for dotted in ADDED_LATER:
-        group, key = dotted.split(".")
-        assert recorded[group].pop(key) == ADDED_LATER[dotted]  # today's default is the old value
-    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    # The record as the code before these options wrote it, with dynamic sampling off.
+    del recorded["stage"]["rationale"]
+    for key in ("dynamic_sampling", "max_prompt_draws", "async_level"):
+        del recorded["rl"][key]
     (tmp_path / "final").mkdir()
-    check_stage_settings(cfg, tmp_path)  # resumes
+    for same in ([], ["rl.max_prompt_draws=20"]):
+        (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+        check_stage_settings(compose([*base, *same]), tmp_path)  # resumes
     for override, key in (
         ("stage.rationale=contributions", "stage.rationale"),
         ("rl.dynamic_sampling=true", "rl.dynamic_sampling"),
@@ -129,8 +131,17 @@ def test_a_stage_recorded_before_later_options_resumes_under_their_old_values(tm
         ("+rl.dataset_repeats.musique=3", "rl.dataset_repeats.musique"),
     ):
         (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
-        with pytest.raises(ConfigError, match=rf"other settings \({key}: "):
+        with pytest.raises(ConfigError, match=rf"other settings \({key}: \S+ there \(not recorded"):
             check_stage_settings(compose([*base, *override.split()]), tmp_path)
+    # A record of dynamic sampling on holds its cap: another cap is another stage.
+    on = [*base, "rl.dynamic_sampling=true"]
+    (tmp_path / SETTINGS_FILE).unlink()
+    (tmp_path / "final").rmdir()
+    check_stage_settings(compose(on), tmp_path)
+    (tmp_path / "final").mkdir()
+    check_stage_settings(compose(on), tmp_path)
+    with pytest.raises(ConfigError, match=r"rl\.max_prompt_draws: 12 there, 20 now"):
+        check_stage_settings(compose([*on, "rl.max_prompt_draws=20"]), tmp_path)
 
 
 def test_picker_examples_in_pool_order_are_what_inference_shows():

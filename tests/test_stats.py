@@ -141,3 +141,32 @@ def test_seed_spread_is_over_runs_and_pairs_each_run_with_the_baseline():
     assert rows[("ev. F1 %", "average")] == ["n/a"] * 6
     with pytest.raises(ValueError, match=r"no records of \['picker:s3'\]"):
         seed_table(recs, [*runs, "picker:s3"], ["bm25@2"])
+    with pytest.raises(ValueError, match="2 distinct runs"):
+        seed_table(recs, ["picker:s0", "picker:s0"], ["bm25@2"])
+    recs += [_rec("crossenc@size:s0", f"q{i}", True, 80) for i in range(4)]
+    with pytest.raises(ValueError, match="take one run's set sizes"):
+        seed_table(recs, runs, ["crossenc@size:s0"])
+
+
+def test_seed_spread_averages_over_the_datasets_every_row_has():
+    """Two runs alike on HotpotQA, the second not evaluated on MuSiQue: the average, the
+    paired average and the note are over HotpotQA alone, so the runs do not differ there;
+    MuSiQue's rows are n/a for the second run and have no spread."""
+    from ctxpick.eval.seeds import seed_table
+
+    recs = []
+    for method, right in (("bm25@2", 1), ("picker:s0", 3), ("picker:s1", 3)):
+        recs += [_rec(method, f"q{i}", i < right, 100) for i in range(4)]
+    recs += [_rec(m, "m0", m != "bm25@2", 100, "musique") for m in ("bm25@2", "picker:s0")]
+    table = seed_table(recs, ["picker:s0", "picker:s1"], ["bm25@2"])
+    rows = {
+        (cells[0], cells[1]): cells[2:]
+        for line in table.splitlines()[2:]
+        if len(cells := [c.strip() for c in line.split("|")[1:-1]]) > 1
+    }
+    assert rows[("acc %", "average")] == ["75.0", "75.0", "75.0", "0.0", "75.0 – 75.0"]
+    assert rows[("Δ acc % vs bm25@2", "average")][:2] == ["+50.0", "+50.0"]
+    assert rows[("Δ acc % vs bm25@2", "average")][3] == "0.0"  # sd
+    assert rows[("acc %", "musique")] == ["100.0", "n/a", "n/a", "n/a", "n/a"]
+    assert rows[("Δ acc % vs bm25@2", "musique")][1:] == ["n/a"] * 4
+    assert "Averages over hotpotqa" in table

@@ -70,6 +70,7 @@ METRICS = {
 
 
 def metric_values(rs: list[dict[str, Any]], metric: str) -> list[float]:
+    """``metric``'s per-question values in ``rs``, without the questions that lack it."""
     return [v for v in map(METRICS[metric], rs) if v is not None]
 
 
@@ -278,13 +279,22 @@ def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], metric: str) -> 
     return [f(x) - f(y) for x, y in pairs if f(x) is not None and f(y) is not None]
 
 
+# The paired metrics: each one's name in a table, and its scale and digits as printed.
+PAIRED = {
+    "accuracy": ("acc %", 100, 1),
+    "evidence_f1": ("ev. F1 %", 100, 1),
+    "context_tokens": ("tok", 1, 0),
+}
+
+
 def paired_estimates(
-    records: list[dict[str, Any]], picker: str, baseline: str
+    records: list[dict[str, Any]], picker: str, baseline: str, over: list[str] | None = None
 ) -> dict[str, dict[str, Estimate | None]]:
     """``picker`` minus ``baseline`` on the questions both answered: per dataset and on the
-    average over them ("average", each dataset resampled on its own), each metric of
-    :data:`PAIRED` with its paired 95% bootstrap interval (the questions resampled together).
-    Empty where they share no question."""
+    average ("average", each dataset resampled on its own), each metric of :data:`PAIRED` with
+    its paired 95% bootstrap interval (the questions resampled together). The average is over
+    ``over``, or every dataset they share; none where they lack one of ``over``. Empty where
+    they share no question."""
     by = {(r["dataset"], r["method"], r["example_id"]): r for r in records}
     per_dataset = {}
     for d in sorted({r["dataset"] for r in records}):
@@ -292,27 +302,37 @@ def paired_estimates(
         if qs:
             per_dataset[d] = [(by[(d, picker, q)], by[(d, baseline, q)]) for q in qs]
     out = {}
-    for d in [*per_dataset, "average"] if per_dataset else []:
-        chosen = list(per_dataset.values()) if d == "average" else [per_dataset[d]]
-        out[d] = {m: estimate([_paired(pairs, m) for pairs in chosen]) for m in PAIRED}
+    for d, chosen in per_dataset.items():
+        out[d] = {m: estimate([_paired(chosen, m)]) for m in PAIRED}
+    averaged = list(per_dataset) if over is None else over
+    if per_dataset and set(averaged) <= set(per_dataset):
+        chosen = [per_dataset[d] for d in averaged]
+        out["average"] = {m: estimate([_paired(pairs, m) for pairs in chosen]) for m in PAIRED}
     return out
 
 
-# The paired metrics, each with its scale and digits as printed.
-PAIRED = {"accuracy": (100, 1), "evidence_f1": (100, 1), "context_tokens": (1, 0)}
+def paired_cell(e: Estimate | None, metric: str, interval: bool = True) -> str:
+    """A paired difference as printed: mean [lo, hi] (or the mean alone), * where the interval
+    excludes 0."""
+    _, scale, digits = PAIRED[metric]
+    if e is None:
+        return "n/a"
+    mark = "*" if e.excludes_zero() else ""
+    return (_interval_cell(e, scale, digits) if interval else signed(scale * e.mean, digits)) + mark
 
 
-def paired_cell(e: Estimate | None, metric: str) -> str:
-    """A paired difference as printed: mean [lo, hi], * where the interval excludes 0."""
-    mark = "*" if e is not None and e.excludes_zero() else ""
-    return _interval_cell(e, *PAIRED[metric]) + mark
+def signed(x: float, digits: int) -> str:
+    """``x`` with its sign, never "-0" for a value that rounds to zero."""
+    return f"{round(x, digits) or 0.0:+.{digits}f}"
 
 
 def paired_table(records: list[dict[str, Any]], pickers: list[str], baselines: list[str]) -> str:
     """Each picker against each baseline (:func:`paired_estimates`): the mean difference
     (picker - baseline) in judged accuracy, evidence F1 and context tokens, per dataset and on
     the average over datasets. A * marks an interval that excludes 0."""
-    rows = [["picker", "baseline", "dataset", "n", "Δ acc %", "Δ ev. F1 %", "Δ tok"]]
+    rows = [
+        ["picker", "baseline", "dataset", "n", *(f"Δ {name}" for name, _, _ in PAIRED.values())]
+    ]
     # A matched row takes one picker's set sizes: it is that picker's control only.
     for p in pickers:
         for b in baselines:

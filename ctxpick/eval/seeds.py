@@ -6,61 +6,79 @@ this is the spread over training runs, which it does not show."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from statistics import mean, stdev
 from typing import Any
 
 from ctxpick.eval.averaging import Averaging
-from ctxpick.eval.report import PAIRED, estimate, metric_values, paired_estimates
+from ctxpick.eval.methods import matched_picker
+from ctxpick.eval.report import (
+    PAIRED,
+    estimate,
+    metric_values,
+    paired_cell,
+    paired_estimates,
+    signed,
+)
 from ctxpick.table import markdown_table
 
-NAMES = {"accuracy": "acc %", "evidence_f1": "ev. F1 %", "context_tokens": "tok"}
+
+def _plain(x: float, digits: int) -> str:
+    return f"{round(x, digits) or 0.0:.{digits}f}"  # never "-0"
 
 
-def _summary(values: list[float | None], scale: float, digits: int, sign: str = "") -> list[str]:
-    """Mean, standard deviation and range over the runs; n/a unless every run has a value.
-    ``sign``: "+" for differences."""
+def _summary(
+    values: list[float | None], digits: int, show: Callable[[float, int], str]
+) -> list[str]:
+    """Mean, standard deviation and range over the runs; n/a unless every run has a value."""
     if None in values:
         return ["n/a"] * 3
-    xs = [scale * v for v in values]
-    f = f"{sign}.{digits}f"
-    return [f"{mean(xs):{f}}", f"{stdev(xs):.{digits}f}", f"{min(xs):{f}} – {max(xs):{f}}"]
+    lo, hi = show(min(values), digits), show(max(values), digits)
+    return [show(mean(values), digits), f"{stdev(values):.{digits}f}", f"{lo} – {hi}"]
+
+
+def _check(runs: list[str], baselines: list[str], methods: set[str]) -> None:
+    if len(runs) < 2 or len(set(runs)) < len(runs):
+        raise ValueError(f"a spread needs at least 2 distinct runs, got {runs}")
+    if missing := [m for m in [*runs, *baselines] if m not in methods]:
+        raise ValueError(f"no records of {missing} (methods here: {sorted(methods)})")
+    # A matched row takes one picker's set sizes: pairing the other runs with it is no control.
+    if matched := [b for b in baselines if matched_picker(b) is not None]:
+        raise ValueError(f"{matched} take one run's set sizes: pair each run with its own")
 
 
 def seed_table(records: list[dict[str, Any]], runs: list[str], baselines: list[str]) -> str:
     """``runs``: the method labels of the runs (``picker:seed0``...); ``baselines``: labels to
     pair each run with. Rows: each metric, then each difference against each baseline, on the
-    average over datasets and per dataset; a * marks a run whose paired interval excludes 0."""
-    if len(runs) < 2:
-        raise ValueError(f"a spread needs at least 2 runs, got {runs}")
+    average over datasets (the same datasets for every row, as in the report) and per dataset;
+    a * marks a run whose paired interval excludes 0."""
     by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by[(r["dataset"], r["method"])].append(r)
-    if missing := [m for m in [*runs, *baselines] if not any(x == m for _, x in by)]:
-        raise ValueError(f"no records of {missing} (methods here: {sorted({m for _, m in by})})")
+    _check(runs, baselines, {m for _, m in by})
     datasets = sorted({d for d, _ in by})
-    avg = Averaging.of(set(by), runs)
+    avg = Averaging.of(set(by), [*runs, *baselines])
     rows = [["quantity", "dataset", *runs, "mean", "sd", "range"]]
-    for metric, (scale, digits) in PAIRED.items():
+    for metric, (name, scale, digits) in PAIRED.items():
         for d in ["average", *datasets]:
             ests = [
-                estimate([metric_values(by[(x, r)], metric) for x in avg.over(r)])
-                if d == "average"
-                else estimate([metric_values(by.get((d, r), []), metric)])
+                estimate(
+                    [
+                        metric_values(by.get((x, r), []), metric)
+                        for x in (avg.over(r) if d == "average" else [d])
+                    ]
+                )
                 for r in runs
             ]
-            points = [e.mean if e else None for e in ests]
-            cells = ["n/a" if p is None else f"{scale * p:.{digits}f}" for p in points]
-            rows.append([NAMES[metric], d, *cells, *_summary(points, scale, digits)])
+            points = [scale * e.mean if e else None for e in ests]
+            cells = ["n/a" if p is None else _plain(p, digits) for p in points]
+            rows.append([name, d, *cells, *_summary(points, digits, _plain)])
     for b in baselines:
-        paired = [paired_estimates(records, r, b) for r in runs]
-        for metric, (scale, digits) in PAIRED.items():
+        paired = [paired_estimates(records, r, b, over=avg.common) for r in runs]
+        for metric, (name, scale, digits) in PAIRED.items():
             for d in ["average", *datasets]:
                 ests = [p.get(d, {}).get(metric) for p in paired]
-                cells = [
-                    "n/a" if e is None else f"{scale * e.mean:+.{digits}f}{'*' * e.excludes_zero()}"
-                    for e in ests
-                ]
-                points = [e.mean if e else None for e in ests]
-                name = f"Δ {NAMES[metric]} vs {b}"
-                rows.append([name, d, *cells, *_summary(points, scale, digits, "+")])
+                cells = [paired_cell(e, metric, interval=False) for e in ests]
+                points = [scale * e.mean if e else None for e in ests]
+                rows.append([f"Δ {name} vs {b}", d, *cells, *_summary(points, digits, signed)])
     return f"{markdown_table(rows)}\n\n{avg.note()}"

@@ -26,13 +26,12 @@ LEARNER_RESOURCES = {
     "logprob_chunk",
     "packing",
 }
-# Options added after stages were first recorded, each at the value every stage trained with
-# before it existed: a folder recorded without one holds a stage trained that way. A historical
-# fact, so a literal, not the config's default of today.
+# Keys an older record may lack (the option came later, or was recorded only when on), each at
+# the value a stage recorded without it trained with. A fact about old records, so a literal,
+# not the config's default of today.
 ADDED_LATER: dict[str, Any] = {
     "stage.rationale": "titles",
     "rl.dynamic_sampling": False,
-    "rl.max_prompt_draws": 12,
     "rl.async_level": 0,
 }
 
@@ -50,7 +49,8 @@ def stage_settings(cfg: Config) -> dict[str, Any]:
             "prompts_per_step": rl.prompts_per_step,
             "learner": {k: v for k, v in asdict(rl.learner).items() if k not in LEARNER_RESOURCES},
             "dynamic_sampling": rl.dynamic_sampling,
-            "max_prompt_draws": rl.max_prompt_draws,
+            # Read only by dynamic sampling: off, any value trains the same.
+            "max_prompt_draws": rl.max_prompt_draws if rl.dynamic_sampling else None,
             "async_level": rl.async_level,
             # No repeats record no key, as before the option existed.
             "dataset_repeats": _repeats(rl.dataset_repeats),
@@ -74,12 +74,16 @@ def check_stage_settings(cfg: Config, out: Path) -> None:
     if trained and not path.exists():
         log.warning("%s holds a stage trained before its settings were recorded", out)
     if trained and path.exists():
-        old = ADDED_LATER | _flat(json.loads(path.read_text()))
+        written = _flat(json.loads(path.read_text()))
+        old = ADDED_LATER | written
         if changed := sorted(
             k for k in old.keys() | settings.keys() if old.get(k) != settings.get(k)
         ):
+            unrecorded = " (not recorded there)"
             detail = ", ".join(
-                f"{k}: {old.get(k)!r} there, {settings.get(k)!r} now" for k in changed
+                f"{k}: {old.get(k)!r} there{unrecorded * (k not in written)}, "
+                f"{settings.get(k)!r} now"
+                for k in changed
             )
             raise ConfigError(
                 f"{out} holds a stage trained with other settings ({detail}; see {path}): "
