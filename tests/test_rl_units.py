@@ -45,7 +45,7 @@ def test_picker_examples_keep_gold_cut_and_shuffle():
     assert examples_from_record({**_record(), "kept": False}, 4, 0) == []
     with pytest.raises(ValueError, match="exceeds picker.max_passages=1"):
         examples_from_record(_record(), 1, 0)
-    pick = warm_start_pick(exs[0])
+    pick = warm_start_pick(exs[0], 40)
     assert pick.ids == tuple(sorted(exs[0].gold + exs[0].human_gold))
     assert all(f"T{i}" in pick.rationale for i in (1, 4, 5))
 
@@ -80,7 +80,7 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
     question's words it is first to name, the chosen passage its text leads to, and the answer
     where its text holds it; written before the ids, it parses back to the same pick."""
     [ex] = examples_from_record(_bridge_record(), 4, 0)
-    pick = warm_start_pick(ex, "contributions")
+    pick = warm_start_pick(ex, 40, "contributions")
     assert pick.ids == (1, 3)
     assert pick.rationale == (
         "[1] names Sebastian, Kneipp; leads to [3]. [3] names director; gives 28 November 1987."
@@ -89,7 +89,9 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
     assert parse_pick(text, 4, FORMATS["rationale_ids"]) == pick
     # a chosen passage that adds none of these is still named, by what it is about
     lone = warm_start_pick(
-        examples_from_record({**_bridge_record(), "gold_minimal": ["p1"]}, 4, 0)[0], "contributions"
+        examples_from_record({**_bridge_record(), "gold_minimal": ["p1"]}, 4, 0)[0],
+        40,
+        "contributions",
     )
     assert lone.rationale == "[2] is about Carl Wery."
     # Words, not substrings: an answer "1987" is not given by "19870"; a possessive or another
@@ -98,11 +100,38 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
     record["question"] = "When did the kneipp film director of Sebastian Kneipp's film die?"
     record["pool"][2] = {**record["pool"][2], "title": None, "text": "He died in 19870."}
     [ex] = examples_from_record(record, 4, 0)
-    assert warm_start_pick(ex, "contributions").rationale == (
+    assert warm_start_pick(ex, 40, "contributions").rationale == (
         "[1] names kneipp, Sebastian. [3] is about this passage."
     )
     with pytest.raises(ValueError, match="stage.rationale must be one of"):
-        warm_start_pick(ex, "why")
+        warm_start_pick(ex, 40, "why")
+
+
+def test_a_contributions_rationale_reads_what_the_picker_is_shown():
+    """What a passage names, leads to and gives is read in its title and the words the picker
+    is shown, as words: a plural or possessive ending counts, a longer word does not; a
+    possessive question word is the word; a title's disambiguator is not looked for."""
+    record = _bridge_record()
+    record["question"] = "It's the Beatles' comedy: when did the director of Kneipp's films die?"
+    record["pool"][0] = {
+        **record["pool"][0],
+        "title": "Sebastian (1958 film)",
+        "text": "A come-back film by the Beatles. The director's last film was Sebastian.",
+    }
+    record["pool"][2] = {
+        **record["pool"][2],
+        "text": "He died on 28 November 1987, after directing Sebastian.",
+    }
+    [ex] = examples_from_record(record, 4, 0)
+    # "Beatles'" is named by "Beatles", "director" by "director's", "comedy" not by
+    # "come-back"; "It" is no term; [3] says "Sebastian", [1]'s title without "(1958 film)".
+    assert warm_start_pick(ex, 40, "contributions").rationale == (
+        "[1] names Beatles, director. [3] leads to [1]; gives 28 November 1987."
+    )
+    # Cut to the picker's first 4 words, neither shows what it named, led to or gave.
+    assert warm_start_pick(ex, 4, "contributions").rationale == (
+        "[1] is about Sebastian (1958 film). [3] is about Wolfgang Liebeneiner."
+    )
 
 
 def test_a_stage_recorded_before_later_options_resumes_under_their_old_values(tmp_path):
@@ -117,7 +146,7 @@ def test_a_stage_recorded_before_later_options_resumes_under_their_old_values(tm
     check_stage_settings(compose(base), tmp_path)
     recorded = json.loads((tmp_path / SETTINGS_FILE).read_text())
     # The record as the code before these options wrote it, with dynamic sampling off.
-    del recorded["stage"]["rationale"]
+    del recorded["stage"]["rationale"], recorded["stage"]["rationale_version"]
     for key in ("dynamic_sampling", "max_prompt_draws", "async_level"):
         del recorded["rl"][key]
     (tmp_path / "final").mkdir()
@@ -142,6 +171,17 @@ def test_a_stage_recorded_before_later_options_resumes_under_their_old_values(tm
     check_stage_settings(compose(on), tmp_path)
     with pytest.raises(ConfigError, match=r"rl\.max_prompt_draws: 12 there, 20 now"):
         check_stage_settings(compose([*on, "rl.max_prompt_draws=20"]), tmp_path)
+    # A contributions warm start recorded before its targets were mended is not the new one.
+    contrib = [*base, "stage.rationale=contributions"]
+    (tmp_path / SETTINGS_FILE).unlink()
+    (tmp_path / "final").rmdir()
+    check_stage_settings(compose(contrib), tmp_path)
+    (tmp_path / "final").mkdir()
+    old = json.loads((tmp_path / SETTINGS_FILE).read_text())
+    del old["stage"]["rationale_version"]
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(old))
+    with pytest.raises(ConfigError, match=r"stage\.rationale_version: 1 there \(not recorded"):
+        check_stage_settings(compose(contrib), tmp_path)
 
 
 def test_picker_examples_in_pool_order_are_what_inference_shows():

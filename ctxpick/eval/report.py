@@ -318,12 +318,15 @@ def paired_cell(e: Estimate | None, metric: str, interval: bool = True) -> str:
     if e is None:
         return "n/a"
     mark = "*" if e.excludes_zero() else ""
-    return (_interval_cell(e, scale, digits) if interval else signed(scale * e.mean, digits)) + mark
+    return (
+        _interval_cell(e, scale, digits) if interval else rounded(scale * e.mean, digits)
+    ) + mark
 
 
-def signed(x: float, digits: int) -> str:
-    """``x`` with its sign, never "-0" for a value that rounds to zero."""
-    return f"{round(x, digits) or 0.0:+.{digits}f}"
+def rounded(x: float, digits: int, sign: bool = True) -> str:
+    """``x`` to ``digits`` places, with its sign unless ``sign`` is false, never "-0" for a
+    value that rounds to zero."""
+    return f"{round(x, digits) or 0.0:{'+' if sign else ''}.{digits}f}"
 
 
 def paired_table(records: list[dict[str, Any]], pickers: list[str], baselines: list[str]) -> str:

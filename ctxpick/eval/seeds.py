@@ -6,7 +6,6 @@ this is the spread over training runs, which it does not show."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from statistics import mean, stdev
 from typing import Any
 
@@ -18,23 +17,17 @@ from ctxpick.eval.report import (
     metric_values,
     paired_cell,
     paired_estimates,
-    signed,
+    rounded,
 )
 from ctxpick.table import markdown_table
 
 
-def _plain(x: float, digits: int) -> str:
-    return f"{round(x, digits) or 0.0:.{digits}f}"  # never "-0"
-
-
-def _summary(
-    values: list[float | None], digits: int, show: Callable[[float, int], str]
-) -> list[str]:
+def _summary(values: list[float | None], digits: int, sign: bool) -> list[str]:
     """Mean, standard deviation and range over the runs; n/a unless every run has a value."""
     if None in values:
         return ["n/a"] * 3
-    lo, hi = show(min(values), digits), show(max(values), digits)
-    return [show(mean(values), digits), f"{stdev(values):.{digits}f}", f"{lo} – {hi}"]
+    lo, hi = rounded(min(values), digits, sign), rounded(max(values), digits, sign)
+    return [rounded(mean(values), digits, sign), f"{stdev(values):.{digits}f}", f"{lo} – {hi}"]
 
 
 def _check(runs: list[str], baselines: list[str], methods: set[str]) -> None:
@@ -71,8 +64,8 @@ def seed_table(records: list[dict[str, Any]], runs: list[str], baselines: list[s
                 for r in runs
             ]
             points = [scale * e.mean if e else None for e in ests]
-            cells = ["n/a" if p is None else _plain(p, digits) for p in points]
-            rows.append([name, d, *cells, *_summary(points, digits, _plain)])
+            cells = ["n/a" if p is None else rounded(p, digits, sign=False) for p in points]
+            rows.append([name, d, *cells, *_summary(points, digits, False)])
     for b in baselines:
         paired = [paired_estimates(records, r, b, over=avg.common) for r in runs]
         for metric, (name, scale, digits) in PAIRED.items():
@@ -80,5 +73,5 @@ def seed_table(records: list[dict[str, Any]], runs: list[str], baselines: list[s
                 ests = [p.get(d, {}).get(metric) for p in paired]
                 cells = [paired_cell(e, metric, interval=False) for e in ests]
                 points = [scale * e.mean if e else None for e in ests]
-                rows.append([f"Δ {name} vs {b}", d, *cells, *_summary(points, digits, signed)])
+                rows.append([f"Δ {name} vs {b}", d, *cells, *_summary(points, digits, True)])
     return f"{markdown_table(rows)}\n\n{avg.note()}"

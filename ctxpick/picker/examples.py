@@ -160,70 +160,85 @@ def load_picker_examples(
     return splits
 
 
-# What a warm-start target's rationale says (stage.rationale).
-RATIONALES = ("titles", "contributions")
+# What a warm-start target's rationale says (stage.rationale), with the version of its targets:
+# bumped when they change, so that a stage trained on the old ones is neither resumed nor
+# returned as the new (see ctxpick/rl/stage_settings.py).
+RATIONALES = {"titles": 1, "contributions": 2}
 # Words a question shares with almost any passage: naming them says nothing about a passage.
 _STOP = frozenset(
     "what which where when who whom whose why how does did was were are is the this that these "
     "those than then from with into onto about also have has had their there they them for and "
-    "not but its it's both same other many much more most name named film song born".split()
+    "not but its both same other many much more most name named film song born".split()
 )
 
 
 def check_rationale(rationale: str) -> None:
     if rationale not in RATIONALES:
-        raise ValueError(f"stage.rationale must be one of {RATIONALES}, not {rationale!r}")
+        raise ValueError(f"stage.rationale must be one of {tuple(RATIONALES)}, not {rationale!r}")
 
 
-def warm_start_pick(ex: PickerExample, rationale: str = "titles") -> Pick:
+def warm_start_pick(ex: PickerExample, passage_words: int, rationale: str = "titles") -> Pick:
     """The supervised target of the optional warm start: the mined set together with the
     dataset's own evidence (no teacher model is needed). The union teaches the format and a
     recall-first habit for Stage I to refine and Stage II to compress: mined sets alone are
     often a single passage, and a picker copying them never samples a larger set for GRPO to
     compare. Its rationale names the chosen passages' titles, or (``contributions``) what each
-    adds: see :func:`contributions`."""
+    adds in the ``passage_words`` the picker is shown: see :func:`contributions`."""
     check_rationale(rationale)
     ids = tuple(sorted(set(ex.gold) | set(ex.human_gold)))
     if rationale == "contributions":
-        return Pick(contributions(ex, ids), ids)
+        return Pick(contributions(ex, ids, passage_words), ids)
     parts = [f"[{i}] {ex.passages[i - 1].title or 'this passage'}" for i in ids]
     return Pick(f"The answer needs {', '.join(parts)}.", ids)
 
 
-def contributions(ex: PickerExample, ids: tuple[int, ...], max_words: int = 6) -> str:
-    """A rationale saying what each chosen passage adds, from the record alone: the question's
+def contributions(
+    ex: PickerExample, ids: tuple[int, ...], passage_words: int, max_words: int = 6
+) -> str:
+    """A rationale saying what each chosen passage adds, from the record alone and from what
+    the picker is shown of it (its title and first ``passage_words`` words): the question's
     words it is first to name, the chosen passage it leads to (its text names that one's
     title: the bridge of a multi-hop question) and the answer, where its text holds one. Read
     before the ids, it lets the count follow from the question (one passage per hop) rather
     than from a dataset's usual size."""
     spelled: dict[str, str] = {}  # each word once, as first spelled, in the question's order
-    for word in re.findall(r"\b\w[\w'-]{3,}", ex.question):
-        word = re.sub(r"'s$", "", word)
-        spelled.setdefault(word.lower(), word)
+    for word in re.findall(r"\b\w[\w'-]*", ex.question):
+        word = re.sub(r"'s?$", "", word)  # "Kneipp's", "Beatles'"
+        if len(word) >= 4:
+            spelled.setdefault(word.lower(), word)
     terms = [w for low, w in spelled.items() if low not in _STOP]
     answers = [a for a in ex.answers if a.strip() and a.lower() not in ("yes", "no")]
+    texts = {i: truncate_words(ex.passages[i - 1].text, passage_words) for i in ids}
     named: set[str] = set()
     parts = []
     for i in ids:
-        p = ex.passages[i - 1]
-        new = [t for t in terms if _names(f"{p.title} {p.text}", t, whole=False)]
+        p, text = ex.passages[i - 1], texts[i]
+        new = [t for t in terms if _names(f"{p.title} {text}", t, inflected=True)]
         new = [t for t in new if t.lower() not in named][:2]
         named |= {t.lower() for t in new}
         bits = [f"names {', '.join(new)}"] if new else []
         bits += [
             f"leads to [{j}]"
             for j in ids
-            if (title := ex.passages[j - 1].title) and title != p.title and _names(p.text, title)
+            if (title := _bare(ex.passages[j - 1].title))
+            and title != _bare(p.title)
+            and _names(text, title)
         ][:1]
-        if answer := next((a for a in answers if _names(p.text, a)), None):
+        if answer := next((a for a in answers if _names(text, a)), None):
             bits.append(f"gives {truncate_words(answer, max_words)}")
         about = f"is about {truncate_words(p.title or 'this passage', 4)}"
         parts.append(f"[{i}] {'; '.join(bits) or about}")
     return ". ".join(parts) + "."
 
 
-def _names(text: str, phrase: str, whole: bool = True) -> bool:
+def _bare(title: str | None) -> str:
+    """A title without its disambiguator: text that names "Lagaan (film)" says "Lagaan"."""
+    return re.sub(r"\s*\([^()]*\)$", "", title or "")
+
+
+def _names(text: str, phrase: str, inflected: bool = False) -> bool:
     """``text`` holds ``phrase`` as words (case aside): "India" is not in "Indian", nor "2" in
-    "1923"; with ``whole=False`` only its start must begin a word, so "film" names "films"."""
-    end = r"(?!\w)" if whole else ""
+    "1923", nor "come" in "comedy"; ``inflected`` also takes a plural or possessive ending, so
+    "film" names "films" and "film's"."""
+    end = r"(?:e?s|'s?)?(?!\w)" if inflected else r"(?!\w)"
     return re.search(rf"(?<!\w){re.escape(phrase.lower())}{end}", text.lower()) is not None

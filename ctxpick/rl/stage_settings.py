@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxpick.config import Config, ConfigError
+from ctxpick.picker.examples import RATIONALES
 
 log = logging.getLogger(__name__)
 SETTINGS_FILE = "settings.json"
@@ -31,6 +32,7 @@ LEARNER_RESOURCES = {
 # not the config's default of today.
 ADDED_LATER: dict[str, Any] = {
     "stage.rationale": "titles",
+    "stage.rationale_version": 1,
     "rl.dynamic_sampling": False,
     "rl.async_level": 0,
 }
@@ -40,7 +42,9 @@ def stage_settings(cfg: Config) -> dict[str, Any]:
     """What a stage's weights depend on: its data, prompt, reward, optimiser and seed."""
     rl = cfg.rl
     return {
-        "stage": {k: v for k, v in asdict(cfg.stage).items() if k not in RUN_LENGTH},
+        "stage": {k: v for k, v in asdict(cfg.stage).items() if k not in RUN_LENGTH}
+        # The targets a warm start trains on changed under the same name once.
+        | {"rationale_version": RATIONALES[cfg.stage.rationale]},
         "rewards": {"format_penalty": cfg.rewards.format_penalty, "fallback": cfg.rewards.fallback},
         "picker": asdict(cfg.picker),
         "rl": {

@@ -158,7 +158,9 @@ def sft_step(run: Run, batch: list[PickerExample]) -> dict[str, float]:
     seqs = []
     for ex in batch:
         prompt = chat_prompt_ids(run.tokenizer, spec.chat(ex.question, ex.passages))
-        text = render_pick(warm_start_pick(ex, run.cfg.stage.rationale), spec.output_format)
+        text = render_pick(
+            warm_start_pick(ex, spec.max_passage_words, run.cfg.stage.rationale), spec.output_format
+        )
         target, weights = weighted_target(run.tokenizer, text, run.cfg.stage.id_weight)
         seqs.append(TrainSequence(prompt + target + [eos], len(prompt), weights=[*weights, 1.0]))
     t0 = time.time()
