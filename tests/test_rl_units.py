@@ -80,7 +80,7 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
     question's words it is first to name, the chosen passage its text leads to, and the answer
     where its text holds it; written before the ids, it parses back to the same pick."""
     [ex] = examples_from_record(_bridge_record(), 4, 0)
-    pick = warm_start_pick(ex, 40, "contributions")
+    pick = warm_start_pick(ex, 40, rationale="contributions")
     assert pick.ids == (1, 3)
     assert pick.rationale == (
         "[1] names Sebastian, Kneipp; leads to [3]. [3] names director; gives 28 November 1987."
@@ -91,7 +91,7 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
     lone = warm_start_pick(
         examples_from_record({**_bridge_record(), "gold_minimal": ["p1"]}, 4, 0)[0],
         40,
-        "contributions",
+        rationale="contributions",
     )
     assert lone.rationale == "[2] is about Carl Wery."
     # Words, not substrings: an answer "1987" is not given by "19870"; a possessive or another
@@ -100,37 +100,44 @@ def test_a_contributions_rationale_says_what_each_chosen_passage_adds():
     record["question"] = "When did the kneipp film director of Sebastian Kneipp's film die?"
     record["pool"][2] = {**record["pool"][2], "title": None, "text": "He died in 19870."}
     [ex] = examples_from_record(record, 4, 0)
-    assert warm_start_pick(ex, 40, "contributions").rationale == (
+    assert warm_start_pick(ex, 40, rationale="contributions").rationale == (
         "[1] names kneipp, Sebastian. [3] is about this passage."
     )
     with pytest.raises(ValueError, match="stage.rationale must be one of"):
-        warm_start_pick(ex, 40, "why")
+        warm_start_pick(ex, 40, rationale="why")
 
 
 def test_a_contributions_rationale_reads_what_the_picker_is_shown():
     """What a passage names, leads to and gives is read in its title and the words the picker
     is shown, as words: a plural or possessive ending counts, a longer word does not; a
-    possessive question word is the word; a title's disambiguator is not looked for."""
+    possessive question word is the word; a title's disambiguator is not looked for, unless
+    what is left is one word, which passages use for other things."""
     record = _bridge_record()
-    record["question"] = "It's the Beatles' comedy: when did the director of Kneipp's films die?"
+    record["question"] = "It's the Beatles' Come: when did the director of Kneipp's films die?"
     record["pool"][0] = {
         **record["pool"][0],
-        "title": "Sebastian (1958 film)",
-        "text": "A come-back film by the Beatles. The director's last film was Sebastian.",
+        "title": "Sebastian Kneipp (1958 film)",
+        "text": "It was a comedy by the Beatles. The director's last film was Sebastian Kneipp.",
     }
     record["pool"][2] = {
         **record["pool"][2],
-        "text": "He died on 28 November 1987, after directing Sebastian.",
+        "text": "He died on 28 November 1987, after directing Sebastian Kneipp.",
     }
     [ex] = examples_from_record(record, 4, 0)
-    # "Beatles'" is named by "Beatles", "director" by "director's", "comedy" not by
-    # "come-back"; "It" is no term; [3] says "Sebastian", [1]'s title without "(1958 film)".
-    assert warm_start_pick(ex, 40, "contributions").rationale == (
-        "[1] names Beatles, director. [3] leads to [1]; gives 28 November 1987."
+    # "Beatles'" is named by "Beatles", "director" by "director's", "Come" not by "comedy";
+    # "It" is no term; [3] says "Sebastian Kneipp", [1]'s title without "(1958 film)".
+    assert warm_start_pick(ex, 40, rationale="contributions").rationale == (
+        "[1] names Beatles, director. [3] names Kneipp; leads to [1]; gives 28 November 1987."
     )
-    # Cut to the picker's first 4 words, neither shows what it named, led to or gave.
-    assert warm_start_pick(ex, 4, "contributions").rationale == (
-        "[1] is about Sebastian (1958 film). [3] is about Wolfgang Liebeneiner."
+    # Cut to the picker's first 4 words, only [1]'s title names anything.
+    assert warm_start_pick(ex, 4, rationale="contributions").rationale == (
+        "[1] names Kneipp. [3] is about Wolfgang Liebeneiner."
+    )
+    record["pool"][0]["title"] = "It (2017 film)"
+    record["pool"][2]["text"] = "He died on 28 November 1987; it was his last year."
+    [ex] = examples_from_record(record, 4, 0)
+    assert warm_start_pick(ex, 40, rationale="contributions").rationale == (
+        "[1] names Beatles, director. [3] gives 28 November 1987."
     )
 
 

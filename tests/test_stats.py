@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ctxpick.eval.report import ablation_table, ci_table, paired_table
+from ctxpick.eval.report import ablation_table, ci_table, paired_table, rounded
 from ctxpick.eval.stats import bootstrap_mean, stratified_mean
 
 
@@ -88,6 +88,11 @@ def test_ci_table_says_what_each_cell_rests_on():
     assert row[:3] == ["hotpotqa", "bm25@5", "10"]
     assert row[3].startswith("50.0 [") and row[4] == "66.7 [66.7, 66.7]"  # F1 of P=.5, R=1
     assert table.splitlines()[3].split("|")[1].strip() == "average"
+
+
+def test_a_value_that_rounds_to_zero_prints_without_a_minus():
+    assert [rounded(x, 1) for x in (-0.04, 0.04, -0.06)] == ["+0.0", "+0.0", "-0.1"]
+    assert [rounded(x, 1, sign=False) for x in (-0.04, 1.25, -0.06)] == ["0.0", "1.2", "-0.1"]
 
 
 def test_stratified_average_weights_datasets_equally():

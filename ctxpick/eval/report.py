@@ -210,7 +210,8 @@ def detail_table(results: list[MethodResult]) -> str:
 def _interval_cell(e: Estimate | None, scale: float = 100, digits: int = 1) -> str:
     if e is None:
         return "n/a"
-    return f"{scale * e.mean:.{digits}f} [{scale * e.lo:.{digits}f}, {scale * e.hi:.{digits}f}]"
+    mean, lo, hi = (rounded(scale * x, digits, sign=False) for x in (e.mean, e.lo, e.hi))
+    return f"{mean} [{lo}, {hi}]"
 
 
 def estimate(groups: list[list[float]]) -> Estimate | None:

@@ -65,7 +65,7 @@ def seed_table(records: list[dict[str, Any]], runs: list[str], baselines: list[s
             ]
             points = [scale * e.mean if e else None for e in ests]
             cells = ["n/a" if p is None else rounded(p, digits, sign=False) for p in points]
-            rows.append([name, d, *cells, *_summary(points, digits, False)])
+            rows.append([name, d, *cells, *_summary(points, digits, sign=False)])
     for b in baselines:
         paired = [paired_estimates(records, r, b, over=avg.common) for r in runs]
         for metric, (name, scale, digits) in PAIRED.items():
@@ -73,5 +73,5 @@ def seed_table(records: list[dict[str, Any]], runs: list[str], baselines: list[s
                 ests = [p.get(d, {}).get(metric) for p in paired]
                 cells = [paired_cell(e, metric, interval=False) for e in ests]
                 points = [scale * e.mean if e else None for e in ests]
-                rows.append([f"Δ {name} vs {b}", d, *cells, *_summary(points, digits, True)])
+                rows.append([f"Δ {name} vs {b}", d, *cells, *_summary(points, digits, sign=True)])
     return f"{markdown_table(rows)}\n\n{avg.note()}"

@@ -177,7 +177,7 @@ def check_rationale(rationale: str) -> None:
         raise ValueError(f"stage.rationale must be one of {tuple(RATIONALES)}, not {rationale!r}")
 
 
-def warm_start_pick(ex: PickerExample, passage_words: int, rationale: str = "titles") -> Pick:
+def warm_start_pick(ex: PickerExample, passage_words: int, *, rationale: str = "titles") -> Pick:
     """The supervised target of the optional warm start: the mined set together with the
     dataset's own evidence (no teacher model is needed). The union teaches the format and a
     recall-first habit for Stage I to refine and Stage II to compress: mined sets alone are
@@ -208,12 +208,12 @@ def contributions(
             spelled.setdefault(word.lower(), word)
     terms = [w for low, w in spelled.items() if low not in _STOP]
     answers = [a for a in ex.answers if a.strip() and a.lower() not in ("yes", "no")]
-    texts = {i: truncate_words(ex.passages[i - 1].text, passage_words) for i in ids}
     named: set[str] = set()
     parts = []
     for i in ids:
-        p, text = ex.passages[i - 1], texts[i]
-        new = [t for t in terms if _names(f"{p.title} {text}", t, inflected=True)]
+        p = ex.passages[i - 1]
+        text = truncate_words(p.text, passage_words)
+        new = [t for t in terms if _names(f"{p.title or ''} {text}", t, inflected=True)]
         new = [t for t in new if t.lower() not in named][:2]
         named |= {t.lower() for t in new}
         bits = [f"names {', '.join(new)}"] if new else []
@@ -232,8 +232,11 @@ def contributions(
 
 
 def _bare(title: str | None) -> str:
-    """A title without its disambiguator: text that names "Lagaan (film)" says "Lagaan"."""
-    return re.sub(r"\s*\([^()]*\)$", "", title or "")
+    """A title without its disambiguator, where what is left names one thing: text that names
+    "Sebastian Kneipp (film)" says "Sebastian Kneipp"; but "It (2017 film)" stays whole, as
+    "it" in a passage is no link to it."""
+    bare = re.sub(r"\s*\([^()]*\)$", "", title or "")
+    return bare if len(bare.split()) > 1 else title or ""
 
 
 def _names(text: str, phrase: str, inflected: bool = False) -> bool:

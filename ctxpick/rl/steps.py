@@ -159,7 +159,8 @@ def sft_step(run: Run, batch: list[PickerExample]) -> dict[str, float]:
     for ex in batch:
         prompt = chat_prompt_ids(run.tokenizer, spec.chat(ex.question, ex.passages))
         text = render_pick(
-            warm_start_pick(ex, spec.max_passage_words, run.cfg.stage.rationale), spec.output_format
+            warm_start_pick(ex, spec.max_passage_words, rationale=run.cfg.stage.rationale),
+            spec.output_format,
         )
         target, weights = weighted_target(run.tokenizer, text, run.cfg.stage.id_weight)
         seqs.append(TrainSequence(prompt + target + [eos], len(prompt), weights=[*weights, 1.0]))
