@@ -199,8 +199,8 @@ def contributions(
     the picker is shown of it (its title and first ``passage_words`` words): the question's
     words it is first to name, the chosen passage it leads to (its text names that one's
     title: the bridge of a multi-hop question) and the answer, where its text holds one. Read
-    before the ids, it lets the count follow from the question (one passage per hop) rather
-    than from a dataset's usual size."""
+    before the ids, it is meant to let the count follow from the question (one passage per
+    hop) rather than from a dataset's usual size; measured, it has not (benchmarks/RESULTS.md)."""
     spelled: dict[str, str] = {}  # each word once, as first spelled, in the question's order
     for word in re.findall(r"\b\w[\w'-]*", ex.question):
         word = re.sub(r"'s?$", "", word)  # "Kneipp's", "Beatles'"
