@@ -208,6 +208,7 @@ def contributions(
             spelled.setdefault(word.lower(), word)
     terms = [w for low, w in spelled.items() if low not in _STOP]
     answers = [a for a in ex.answers if a.strip() and a.lower() not in ("yes", "no")]
+    bare = {j: _bare(ex.passages[j - 1].title) for j in ids}
     named: set[str] = set()
     parts = []
     for i in ids:
@@ -220,9 +221,7 @@ def contributions(
         bits += [
             f"leads to [{j}]"
             for j in ids
-            if (title := _bare(ex.passages[j - 1].title))
-            and title != _bare(p.title)
-            and _names(text, title)
+            if bare[j] and bare[j] != bare[i] and _names(text, bare[j])
         ][:1]
         if answer := next((a for a in answers if _names(text, a)), None):
             bits.append(f"gives {truncate_words(answer, max_words)}")
