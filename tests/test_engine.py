@@ -1,4 +1,5 @@
-"""Real vLLM (CPU here, the same code on GPU) through a Ray actor."""
+"""Real vLLM (CPU here, the same code on GPU) through a Ray actor, and how its outputs are
+read."""
 
 import pytest
 import ray
@@ -8,12 +9,14 @@ from ctxpick.data.loaders import load_examples
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.engines.prompts import answer_chat
 from ctxpick.engines.ray_pool import EnginePool
+from ctxpick.engines.vllm_engine import completions
 from ctxpick.retrieval.chunking import Chunker, ChunkingConfig
 from ctxpick.retrieval.pools import PoolBuilder, PoolConfig
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 
+@slow
 def test_generation_through_ray_actor(engine_actor):
     exs = load_examples(SAMPLES / "hotpotqa_distractor_30.jsonl", limit=3).examples
     items = Chunker(ChunkingConfig(method="none")).chunk_all(exs)
@@ -35,6 +38,7 @@ def test_generation_through_ray_actor(engine_actor):
     assert [c[0].token_ids for c in again] == [c[0].token_ids for c in out]
 
 
+@slow
 def test_group_sampling_returns_logprobs(engine_actor):
     chat = [{"role": "user", "content": "Name a colour."}]
     out = ray.get(
@@ -48,7 +52,30 @@ def test_group_sampling_returns_logprobs(engine_actor):
         assert len(c.logprobs) == len(c.token_ids) and all(lp <= 0 for lp in c.logprobs)
 
 
+@slow
 def test_prompt_too_long_is_a_clear_error(engine_actor):
     chat = [{"role": "user", "content": "word " * 5000}]
     with pytest.raises(ray.exceptions.RayTaskError, match="exceeds max_model_len"):
         ray.get(engine_actor.generate.remote([chat], SamplingConfig(max_tokens=8)))
+
+
+def test_a_request_vllm_failed_is_an_error_not_an_empty_output():
+    """vLLM ends a request it could not run (a constrained-decoding grammar that did not
+    compile in time, seen on a slow CPU) with finish reason "error" and no text: read as is,
+    that is an invalid pick, sent as the fallback. It is raised instead, naming the request;
+    the other finish reasons are read as outputs."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    def request(rid, reason, text):
+        tokens = [7] * len(text.split())
+        out = CompletionOutput(0, text, tokens, None, None, finish_reason=reason)
+        return RequestOutput(rid, None, [1, 2, 3], None, [out], finished=True)
+
+    ok = [request("0", "stop", "<ids>[1]</ids>"), request("1", "length", "<ids>[1, 2")]
+    read = completions(ok, SamplingConfig())
+    assert [(c[0].text, c[0].finish_reason, c[0].prompt_tokens) for c in read] == [
+        ("<ids>[1]</ids>", "stop", 3),
+        ("<ids>[1, 2", "length", 3),
+    ]
+    with pytest.raises(RuntimeError, match=r"failed 1 of 3 requests .*requests 9-ab"):
+        completions([*ok, request("9-ab", "error", "")], SamplingConfig())

@@ -39,6 +39,35 @@ def prompt_seeds(seed: int, prompts: list[list[int]]) -> list[int]:
     return seeds
 
 
+def completions(outputs: list[Any], sampling: SamplingConfig) -> list[list[Completion]]:
+    """vLLM's ``RequestOutput``s as :class:`Completion` lists. A request vLLM failed
+    (finish reason "error": a constrained-decoding grammar that did not compile, a lost KV
+    transfer) is an error here, not an empty output that a caller would read as an invalid
+    pick, a wrong answer or a zero reward."""
+    failed = [o.request_id for o in outputs if any(c.finish_reason == "error" for c in o.outputs)]
+    if failed:
+        raise RuntimeError(
+            f"vLLM failed {len(failed)} of {len(outputs)} requests (finish reason 'error'; "
+            f"requests {', '.join(failed[:5])}): the engine's log says why"
+        )
+    return [
+        [
+            Completion(
+                text=c.text,
+                token_ids=list(c.token_ids),
+                prompt_tokens=len(out.prompt_token_ids),
+                prompt_token_ids=list(out.prompt_token_ids) if sampling.logprobs else [],
+                finish_reason=c.finish_reason,
+                logprobs=[
+                    lp[tid].logprob for tid, lp in zip(c.token_ids, c.logprobs or [], strict=False)
+                ],
+            )
+            for c in out.outputs
+        ]
+        for out in outputs
+    ]
+
+
 class VLLMEngine:
     """A vLLM ``LLM`` with prefix caching; prompts are chat-templated here so every caller
     (and the learner) sees the same token ids."""
@@ -61,6 +90,11 @@ class VLLMEngine:
         vLLM's LoRA support (the base model alone until the first)."""
         # Must be set before vllm is imported: the KV-cache size on CPU comes from the env.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))
+        # vLLM fails a constrained request whose regex compiles for longer than this, a guard
+        # against untrusted patterns (5 s by default). Ours come from output_regex alone, and
+        # the picker's took 5.7 s on an idle 2-core AVX2 CPU over Qwen2.5's vocabulary: at 5 s
+        # the first picks of a run came back empty, read as invalid picks.
+        os.environ.setdefault("VLLM_REGEX_COMPILATION_TIMEOUT_S", "120")
         import torch
         from vllm import LLM
 
@@ -136,23 +170,7 @@ class VLLMEngine:
             use_tqdm=False,
             lora_request=self.lora,
         )
-        return [
-            [
-                Completion(
-                    text=c.text,
-                    token_ids=list(c.token_ids),
-                    prompt_tokens=len(out.prompt_token_ids),
-                    prompt_token_ids=list(out.prompt_token_ids) if sampling.logprobs else [],
-                    finish_reason=c.finish_reason,
-                    logprobs=[
-                        lp[tid].logprob
-                        for tid, lp in zip(c.token_ids, c.logprobs or [], strict=False)
-                    ],
-                )
-                for c in out.outputs
-            ]
-            for out in outputs
-        ]
+        return completions(outputs, sampling)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prompt prefix (stale weights; a benchmark's fair second pass).
