@@ -92,8 +92,8 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))
         # vLLM fails a constrained request whose regex compiles for longer than this, a guard
         # against untrusted patterns (5 s by default). Ours come from output_regex alone, and
-        # the picker's took 5.7 s on an idle 2-core AVX2 CPU over Qwen2.5's vocabulary: at 5 s
-        # the first picks of a run came back empty, read as invalid picks.
+        # the picker's over Qwen2.5's vocabulary timed out at 5 s on a 2-core AVX2 CPU: the
+        # first picks of a run came back empty, read as invalid picks.
         os.environ.setdefault("VLLM_REGEX_COMPILATION_TIMEOUT_S", "120")
         import torch
         from vllm import LLM
