@@ -48,7 +48,8 @@ def completions(outputs: list[Any], sampling: SamplingConfig) -> list[list[Compl
     if failed:
         raise RuntimeError(
             f"vLLM failed {len(failed)} of {len(outputs)} requests (finish reason 'error'; "
-            f"requests {', '.join(failed[:5])}): the engine's log says why"
+            f"requests {', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}): "
+            "the engine's log says why"
         )
     return [
         [
