@@ -46,6 +46,7 @@ def test_demo_config_composes():
         ("serve.batch_wait_timeout_s=inf", "serve.batch_wait_timeout_s=inf: expected finite"),
         ("+rl.dataset_repeats.musique=0", "rl.dataset_repeats must be whole numbers >= 1"),
         ("rl.async_level=2", "rl.async_level must be 0 or 1"),
+        ("model.engine.dtype=fp8", "engine dtype 'fp8': expected one of"),
         ("stage.rationale=why", "stage.rationale must be one of .'titles', 'contributions'."),
         # samples one version old need the sampler's log-probs to correct them
         ("rl.async_level=1", "set rl.learner.grpo.tis_cap"),

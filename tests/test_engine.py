@@ -79,3 +79,25 @@ def test_a_request_vllm_failed_is_an_error_not_an_empty_output():
     ]
     with pytest.raises(RuntimeError, match=r"failed 1 of 3 requests .*requests 9-ab"):
         completions([*ok, request("9-ab", "error", "")], SamplingConfig())
+
+
+def test_auto_dtype_is_bf16_only_where_the_hardware_has_a_fast_path_for_it(monkeypatch):
+    """Without one (a CPU with AVX2 alone), torch's bf16 matmuls take a reference path about
+    100x slower than float32's: `auto` computes in float32 there, bf16 on a GPU or with
+    AVX-512/AMX; a dtype asked for by name is kept, an unknown one refused."""
+    import torch
+
+    from ctxpick.engines.vllm_engine import compute_dtype
+
+    for capability, cuda, want in [
+        ("AVX512", False, "bfloat16"),
+        ("AVX2", False, "float32"),
+        ("DEFAULT", False, "float32"),
+        ("AVX2", True, "bfloat16"),
+    ]:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda c=cuda: c)
+        assert compute_dtype() == compute_dtype("auto") == want
+        assert compute_dtype("bfloat16") == "bfloat16" and compute_dtype("float32") == "float32"
+    with pytest.raises(ValueError, match="engine dtype 'fp8'"):
+        compute_dtype("fp8")

@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ctxpick.engines.base import Chat, Completion, SamplingConfig
 from ctxpick.engines.dispatch import dispatch
-from ctxpick.engines.vllm_engine import start_engine_actor
+from ctxpick.engines.vllm_engine import DTYPES, start_engine_actor
 
 Progress = Callable[[int, int, float], None]
 
@@ -32,10 +32,15 @@ class EngineConfig:
     cpu_kv_cache_gb: int = 4
     gpu_memory_utilization: float = 0.85
     batch_size: int = 16  # prompts per engine call, for progress reporting
+    # vllm_engine.compute_dtype: bf16 where the hardware has a fast path. Rollout workers
+    # compute in the learner's bf16 whatever this says (rl/run.py); evaluated pickers use it.
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.num_actors < 1 or self.batch_size < 1 or self.max_model_len < 256:
             raise ValueError("engine needs num_actors >= 1, batch_size >= 1, max_model_len >= 256")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"engine dtype {self.dtype!r}: expected one of {DTYPES}")
 
 
 Placement = tuple[PlacementGroup, int]  # a placement group and the first bundle to use
@@ -176,7 +181,7 @@ class EnginePool:
             cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             seed=seed,
-            **engine_kwargs,
+            **{"dtype": cfg.dtype, **engine_kwargs},  # a caller's dtype wins (rollouts)
         )
 
     def ready(self) -> None:

@@ -39,6 +39,23 @@ def prompt_seeds(seed: int, prompts: list[list[int]]) -> list[int]:
     return seeds
 
 
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def compute_dtype(dtype: str = "auto") -> str:
+    """The dtype an engine computes in. ``auto``: bf16 on a GPU or on a CPU with a bf16 fast
+    path (AVX-512 or AMX: torch's CPU capability "AVX512"), float32 on others (AVX2 alone, most
+    ARM), whose bf16 matmuls take a reference path about 100x slower than float32's."""
+    if dtype not in DTYPES:
+        raise ValueError(f"engine dtype {dtype!r}: expected one of {DTYPES}")
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    fast = torch.cuda.is_available() or torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return "bfloat16" if fast else "float32"
+
+
 def completions(outputs: list[Any], sampling: SamplingConfig) -> list[list[Completion]]:
     """vLLM's ``RequestOutput``s as :class:`Completion` lists. A request vLLM failed
     (finish reason "error": a constrained-decoding grammar that did not compile, a lost KV
@@ -79,7 +96,7 @@ class VLLMEngine:
         *,
         max_model_len: int = 8192,
         seed: int = 0,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         gpu_memory_utilization: float = 0.85,
         cpu_kv_cache_gb: int = 4,
         enforce_eager: bool = True,
@@ -113,7 +130,7 @@ class VLLMEngine:
             model=self.model_path,
             max_model_len=max_model_len,
             seed=seed,
-            dtype=dtype,
+            dtype=compute_dtype(dtype),
             enable_prefix_caching=True,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,

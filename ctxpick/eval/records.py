@@ -13,6 +13,7 @@ from typing import Any
 
 from ctxpick.config import Config
 from ctxpick.data.schema import Example
+from ctxpick.engines.vllm_engine import compute_dtype
 from ctxpick.eval import methods as M
 from ctxpick.paths import file_sha256
 from ctxpick.picker.format import READER_VERSION
@@ -45,6 +46,7 @@ def fingerprint(cfg: Config, label: str) -> str:
     (:func:`example_digest`)."""
     what: dict[str, Any] = {
         "model": cfg.model.name,
+        "dtype": compute_dtype(cfg.model.engine.dtype),  # as resolved on this machine
         "generator": asdict(cfg.generator),
         "judge": asdict(cfg.judge),
         "retrieval": asdict(cfg.retrieval),
@@ -66,6 +68,7 @@ def fingerprint(cfg: Config, label: str) -> str:
             if f.suffix in (".json", ".safetensors")
         ]
         what["picker_fallback"] = [cfg.eval.picker_fallback, cfg.eval.picker_fallback_k]
+        what["picker_dtype"] = compute_dtype(cfg.rl.rollout.dtype)
         what["picker_reader"] = READER_VERSION  # how its outputs are read (read_pick)
     blob = json.dumps(what, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]

@@ -107,7 +107,7 @@ class Picker:
         max_model_len: int = 4096,
         cpu_kv_cache_gb: int = 1,
         seed: int = 0,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         **options: Any,
     ) -> Picker:
         """The one way to load a picker. ``path_or_alias``: a trained model folder
@@ -116,9 +116,11 @@ class Picker:
         ``process`` (a vLLM engine in this process), ``actor`` (a vLLM engine in a Ray actor of
         its own with ``num_cpus`` / ``num_gpus``, replaced if it dies: serving), or a function
         building the engine from the model folder (evaluation's engine pool). ``dtype``
-        ``float32`` makes greedy outputs far less sensitive to how calls are batched (CPU
-        kernels are not batch-invariant), at about twice bf16's compute. The prompt is read
-        before any engine starts, so a bad folder fails fast."""
+        ``auto``: bf16 where the hardware has a fast path for it, else float32
+        (:func:`~ctxpick.engines.vllm_engine.compute_dtype`); ``float32`` also makes greedy
+        outputs far less sensitive to how calls are batched (CPU kernels are not
+        batch-invariant), at about twice bf16's compute. The prompt is read before any engine
+        starts, so a bad folder fails fast."""
         if not callable(engine) and engine not in ENGINES:
             raise ValueError(
                 f"picker engine {engine!r}: expected one of {ENGINES} or a function of the folder"
