@@ -158,6 +158,7 @@ def ours(chats: list, sampling: SamplingConfig, steps: int, repeats: int) -> dic
         MODEL,
         EngineConfig(num_cpus_per_actor=THREADS, max_model_len=4096, cpu_kv_cache_gb=2),
         logprobs_mode="processed_logprobs",
+        dtype="bfloat16",  # as training's rollout workers (rl/run.py)
     )
     llm = plain_vllm()
     rates, outs = rollouts(engines, llm, chats, sampling, repeats)

@@ -81,23 +81,30 @@ def test_a_request_vllm_failed_is_an_error_not_an_empty_output():
         completions([*ok, request("9-ab", "error", "")], SamplingConfig())
 
 
-def test_auto_dtype_is_bf16_only_where_the_hardware_has_a_fast_path_for_it(monkeypatch):
-    """Without one (a CPU with AVX2 alone), torch's bf16 matmuls take a reference path about
-    100x slower than float32's: `auto` computes in float32 there, bf16 on a GPU or with
-    AVX-512/AMX; a dtype asked for by name is kept, an unknown one refused."""
+def test_auto_dtype_is_bf16_only_where_the_hardware_has_bf16_instructions(monkeypatch):
+    """Without them (a CPU with AVX2 alone), there is no fast bf16 kernel: `auto` computes in
+    float32 there, bf16 on a GPU (this process's, or a pool's GPU actors) or with
+    AVX512-BF16 / AMX / Arm BF16; a dtype asked for by name is kept, an unknown one refused."""
     import torch
 
+    from ctxpick.engines.ray_pool import EngineConfig
     from ctxpick.engines.vllm_engine import compute_dtype
 
-    for capability, cuda, want in [
-        ("AVX512", False, "bfloat16"),
-        ("AVX2", False, "float32"),
-        ("DEFAULT", False, "float32"),
-        ("AVX2", True, "bfloat16"),
+    x86 = {"avx512_f": True, "avx512_bf16": False, "amx_bf16": False}
+    for caps, cuda, want in [
+        ({**x86, "avx512_bf16": True}, False, "bfloat16"),
+        ({**x86, "amx_bf16": True}, False, "bfloat16"),
+        ({"bf16": True}, False, "bfloat16"),
+        (x86, False, "float32"),  # AVX-512 without its bf16 instructions
+        ({"avx2": True}, False, "float32"),
+        ({"avx2": True}, True, "bfloat16"),
     ]:
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda c=caps: c)
         monkeypatch.setattr(torch.cuda, "is_available", lambda c=cuda: c)
         assert compute_dtype() == compute_dtype("auto") == want
         assert compute_dtype("bfloat16") == "bfloat16" and compute_dtype("float32") == "float32"
+    # A pool of GPU actors runs in bf16 whatever the driver's CPU has.
+    assert EngineConfig(num_gpus_per_actor=1).compute_dtype() == "bfloat16"
+    assert EngineConfig(num_gpus_per_actor=0).compute_dtype() == "float32"
     with pytest.raises(ValueError, match="engine dtype 'fp8'"):
         compute_dtype("fp8")

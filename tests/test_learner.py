@@ -32,6 +32,7 @@ def engines(ray_cluster):
         max_model_len=1024,
         cpu_kv_cache_gb=1,
         logprobs_mode="processed_logprobs",
+        dtype="bfloat16",  # as training's rollout workers (rl/run.py), the learner's
     )
     yield pool
     pool.shutdown()

@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ctxpick.engines.base import Chat, Completion, SamplingConfig
 from ctxpick.engines.dispatch import dispatch
-from ctxpick.engines.vllm_engine import DTYPES, start_engine_actor
+from ctxpick.engines.vllm_engine import check_dtype, compute_dtype, start_engine_actor
 
 Progress = Callable[[int, int, float], None]
 
@@ -39,8 +39,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.num_actors < 1 or self.batch_size < 1 or self.max_model_len < 256:
             raise ValueError("engine needs num_actors >= 1, batch_size >= 1, max_model_len >= 256")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"engine dtype {self.dtype!r}: expected one of {DTYPES}")
+        check_dtype(self.dtype)
+
+    def compute_dtype(self) -> str:
+        """``dtype`` resolved for this pool's actors (GPU actors: bf16 under ``auto``), here in
+        the driver, so that what the engines run in is what a run's records say."""
+        return compute_dtype(self.dtype, gpu=self.num_gpus_per_actor > 0)
 
 
 Placement = tuple[PlacementGroup, int]  # a placement group and the first bundle to use
@@ -181,7 +185,7 @@ class EnginePool:
             cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             seed=seed,
-            **{"dtype": cfg.dtype, **engine_kwargs},  # a caller's dtype wins (rollouts)
+            **{"dtype": cfg.compute_dtype(), **engine_kwargs},  # a caller's wins (rollouts)
         )
 
     def ready(self) -> None:

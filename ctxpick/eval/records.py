@@ -13,7 +13,6 @@ from typing import Any
 
 from ctxpick.config import Config
 from ctxpick.data.schema import Example
-from ctxpick.engines.vllm_engine import compute_dtype
 from ctxpick.eval import methods as M
 from ctxpick.paths import file_sha256
 from ctxpick.picker.format import READER_VERSION
@@ -46,7 +45,7 @@ def fingerprint(cfg: Config, label: str) -> str:
     (:func:`example_digest`)."""
     what: dict[str, Any] = {
         "model": cfg.model.name,
-        "dtype": compute_dtype(cfg.model.engine.dtype),  # as resolved on this machine
+        "dtype": cfg.model.engine.compute_dtype(),
         "generator": asdict(cfg.generator),
         "judge": asdict(cfg.judge),
         "retrieval": asdict(cfg.retrieval),
@@ -68,7 +67,7 @@ def fingerprint(cfg: Config, label: str) -> str:
             if f.suffix in (".json", ".safetensors")
         ]
         what["picker_fallback"] = [cfg.eval.picker_fallback, cfg.eval.picker_fallback_k]
-        what["picker_dtype"] = compute_dtype(cfg.rl.rollout.dtype)
+        what["picker_dtype"] = cfg.rl.rollout.compute_dtype()
         what["picker_reader"] = READER_VERSION  # how its outputs are read (read_pick)
     blob = json.dumps(what, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]

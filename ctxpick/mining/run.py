@@ -34,6 +34,7 @@ def worker_spec(cfg: Config) -> WorkerSpec:
             "max_model_len": eng.max_model_len,
             "cpu_kv_cache_gb": eng.cpu_kv_cache_gb,
             "gpu_memory_utilization": eng.gpu_memory_utilization,
+            "dtype": eng.compute_dtype(),
         },
         http=cfg.model.http,
         judge=cfg.judge,

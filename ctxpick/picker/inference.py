@@ -119,8 +119,8 @@ class Picker:
         ``auto``: bf16 where the hardware has a fast path for it, else float32
         (:func:`~ctxpick.engines.vllm_engine.compute_dtype`); ``float32`` also makes greedy
         outputs far less sensitive to how calls are batched (CPU kernels are not
-        batch-invariant), at about twice bf16's compute. The prompt is read before any engine
-        starts, so a bad folder fails fast."""
+        batch-invariant), at about twice bf16's compute where bf16 has a fast path. The prompt
+        is read before any engine starts, so a bad folder fails fast."""
         if not callable(engine) and engine not in ENGINES:
             raise ValueError(
                 f"picker engine {engine!r}: expected one of {ENGINES} or a function of the folder"
@@ -137,6 +137,9 @@ class Picker:
             options.get("max_batch_size", cls.max_batch_size),
             options.get("batch_wait_s", cls.batch_wait_s),
         )
+        from ctxpick.engines.vllm_engine import check_dtype
+
+        check_dtype(dtype)
         folder, spec = load_spec(path_or_alias)
         if not callable(engine):
             engine = _vllm_engine(
