@@ -178,13 +178,16 @@ def test_http_engine_retries_and_keeps_order(openai_server, monkeypatch):
 
 
 def test_a_mining_rerun_with_other_settings_is_refused(tmp_path):
-    """Records mined with one miner, generator or pool are never mixed with another's."""
+    """Records mined with one miner, generator (its dtype too) or pool are never mixed with
+    another's."""
     from ctxpick.config import ConfigError, compose
     from ctxpick.mining.run import check_settings
 
     check_settings(compose([]), tmp_path)
     check_settings(compose(["mining.max_questions=5"]), tmp_path)  # more questions: fine
-    with pytest.raises(ConfigError, match=r"other settings \(miner, model differ"):
+    with pytest.raises(ConfigError, match=r"other settings \(dtype, miner, model differ"):
         check_settings(compose(["mining.miner=human"]), tmp_path)
+    with pytest.raises(ConfigError, match=r"other settings \(dtype differ"):
+        check_settings(compose(["model.engine.dtype=float16"]), tmp_path)
     with pytest.raises(ConfigError, match=r"\(pool differ"):
         check_settings(compose(["mining.pool.k=3"]), tmp_path)

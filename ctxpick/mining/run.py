@@ -88,6 +88,8 @@ def check_settings(cfg: Config, out: Path) -> None:
     are fine: each record depends only on its question and these settings."""
     settings = {
         "model": cfg.model.name if cfg.mining.miner != "human" else None,
+        # what the generator computes in: bf16 and float32 records are not mixed
+        "dtype": cfg.model.engine.compute_dtype() if cfg.mining.miner != "human" else None,
         "miner": cfg.mining.miner,
         "pool": asdict(cfg.mining.pool),
         "chunking": asdict(cfg.retrieval.chunking),
