@@ -223,8 +223,8 @@ def test_picker_shows_cut_passages_returns_full_ones_and_falls_back_on_bad_outpu
 
 
 def test_results_are_keyed_by_what_produced_them(tmp_path):
-    """A re-run with another picker (same label), budget or generator gets new record keys,
-    so the old rows are neither skipped-as-done nor reported."""
+    """A re-run with another picker (same label), budget, generator or dtype gets new record
+    keys, so the old rows are neither skipped-as-done nor reported."""
     from ctxpick.eval.records import fingerprint
 
     for name, weights in (("a", b"weights A"), ("b", b"weights B")):
@@ -242,6 +242,13 @@ def test_results_are_keyed_by_what_produced_them(tmp_path):
     assert fingerprint(a, "bm25@5") != fingerprint(budget, "bm25@5")
     other_gen = compose([*base, "model=smollm2-135m", f"+eval.pickers.s2={tmp_path / 'a'}"])
     assert fingerprint(a, "bm25@5") != fingerprint(other_gen, "bm25@5")
+    # The generator's dtype keys every row, the evaluated pickers' only theirs.
+    s2 = f"+eval.pickers.s2={tmp_path / 'a'}"
+    gen16 = compose([*base, "model.engine.dtype=float16", s2])
+    assert fingerprint(a, "bm25@5") != fingerprint(gen16, "bm25@5")
+    picker16 = compose([*base, "rl.rollout.dtype=float16", s2])
+    assert fingerprint(a, "bm25@5") == fingerprint(picker16, "bm25@5")
+    assert fingerprint(a, "picker:s2") != fingerprint(picker16, "picker:s2")
     before = fingerprint(a, "picker:s2")
     (tmp_path / "a" / "picker.json").write_text('{"instruction": "y"}')  # another prompt
     assert fingerprint(a, "picker:s2") != before
