@@ -189,5 +189,18 @@ def test_a_mining_rerun_with_other_settings_is_refused(tmp_path):
         check_settings(compose(["mining.miner=human"]), tmp_path)
     with pytest.raises(ConfigError, match=r"other settings \(dtype differ"):
         check_settings(compose(["model.engine.dtype=float16"]), tmp_path)
+    # Folders recorded before the dtype was: a vLLM generator's records were bf16.
+    for miner, ok, refused in [("human", "float32", None), ("fast", "bfloat16", "float32")]:
+        folder = tmp_path / miner
+        folder.mkdir()
+        check_settings(compose([f"mining.miner={miner}", f"model.engine.dtype={ok}"]), folder)
+        recorded = json.loads((folder / "settings.json").read_text())
+        del recorded["dtype"]
+        (folder / "settings.json").write_text(json.dumps(recorded))
+        check_settings(compose([f"mining.miner={miner}", f"model.engine.dtype={ok}"]), folder)
+        if refused:
+            with pytest.raises(ConfigError, match=r"\(dtype differ"):
+                again = compose([f"mining.miner={miner}", f"model.engine.dtype={refused}"])
+                check_settings(again, folder)
     with pytest.raises(ConfigError, match=r"\(pool differ"):
         check_settings(compose(["mining.pool.k=3"]), tmp_path)

@@ -45,7 +45,6 @@ def fingerprint(cfg: Config, label: str) -> str:
     (:func:`example_digest`)."""
     what: dict[str, Any] = {
         "model": cfg.model.name,
-        "dtype": cfg.model.engine.compute_dtype(),
         "generator": asdict(cfg.generator),
         "judge": asdict(cfg.judge),
         "retrieval": asdict(cfg.retrieval),
@@ -55,6 +54,10 @@ def fingerprint(cfg: Config, label: str) -> str:
         "seed": cfg.seed,
         "label": label,
     }
+    # The dtype joins the key only where it is not bf16, the one dtype of every row recorded
+    # before it could change: those rows stay reusable where they would be computed alike.
+    if (dtype := cfg.model.engine.compute_dtype()) != "bfloat16":
+        what["dtype"] = dtype
     if label.startswith("crossenc_threshold"):
         what["crossenc_threshold"] = cfg.eval.crossenc_threshold
     if picker := M.matched_picker(label):  # its sizes are that picker's
@@ -67,7 +70,8 @@ def fingerprint(cfg: Config, label: str) -> str:
             if f.suffix in (".json", ".safetensors")
         ]
         what["picker_fallback"] = [cfg.eval.picker_fallback, cfg.eval.picker_fallback_k]
-        what["picker_dtype"] = cfg.rl.rollout.compute_dtype()
+        if (dtype := cfg.rl.rollout.compute_dtype()) != "bfloat16":
+            what["picker_dtype"] = dtype
         what["picker_reader"] = READER_VERSION  # how its outputs are read (read_pick)
     blob = json.dumps(what, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]

@@ -86,10 +86,11 @@ def check_settings(cfg: Config, out: Path) -> None:
     """Record what the records in ``out`` are mined with; refuse to add records mined with
     other settings (they would be mixed in silently). More questions (data, max_questions)
     are fine: each record depends only on its question and these settings."""
+    local_generator = cfg.mining.miner != "human" and cfg.model.backend == "vllm"
     settings = {
         "model": cfg.model.name if cfg.mining.miner != "human" else None,
-        # what the generator computes in: bf16 and float32 records are not mixed
-        "dtype": cfg.model.engine.compute_dtype() if cfg.mining.miner != "human" else None,
+        # What our vLLM generator computes in: bf16 and float32 records are not mixed.
+        "dtype": cfg.model.engine.compute_dtype() if local_generator else None,
         "miner": cfg.mining.miner,
         "pool": asdict(cfg.mining.pool),
         "chunking": asdict(cfg.retrieval.chunking),
@@ -100,8 +101,10 @@ def check_settings(cfg: Config, out: Path) -> None:
         "seed": cfg.seed,
     }
     path = out / "settings.json"
-    if path.exists() and (old := json.loads(path.read_text())) != settings:
-        changed = sorted(k for k in settings if old.get(k) != settings[k])
+    old = json.loads(path.read_text()) if path.exists() else settings
+    # Recorded before the dtype was: a local generator then always computed in bf16.
+    old.setdefault("dtype", "bfloat16" if old.get("model") and local_generator else None)
+    if changed := sorted(k for k in settings if old.get(k) != settings[k]):
         raise ConfigError(
             f"{out} holds records mined with other settings ({', '.join(changed)} differ; see "
             f"{path}): mine into another output_dir, or delete it to start over"
