@@ -3,7 +3,7 @@
 * rollout workers (vLLM in a Ray actor, as the trainer drives them) vs plain in-process
   ``vllm.LLM.generate`` -- generated tokens/s, same prompts and sampling, timed ``--rollouts``
   times a side, the two sides alternating so that drift in the machine's speed hits both;
-* DeepSpeed learner (a Ray actor, GRPO step) vs a plain PyTorch bf16 forward/backward/AdamW
+* DeepSpeed learner (a Ray actor, GRPO step) vs a plain PyTorch forward/backward/AdamW
   step on the same sequences -- trained tokens/s;
 * weight sync (learner -> safetensors buckets -> in-place vLLM reload) as a share of the
   step, and the step-time split.
@@ -28,6 +28,7 @@ from common import data_file
 from ctxpick.engines.base import SamplingConfig
 from ctxpick.picker.examples import truncate_words
 from ctxpick.picker.format import picker_chat
+from ctxpick.rl.learner import LearnerConfig
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 MODEL = "smollm2-135m"
 THREADS = 2
+DTYPE = LearnerConfig().compute_dtype()  # every side computes in the learner's (rl/learner.py)
 
 
 def picker_chats(n: int) -> list:
@@ -73,7 +75,7 @@ def plain_vllm() -> LLM:
         gpu_memory_utilization=0.5,
         model=resolve(MODEL),
         max_model_len=4096,
-        dtype="bfloat16",
+        dtype=DTYPE,
         seed=0,
         enable_prefix_caching=True,
         enforce_eager=True,
@@ -150,7 +152,7 @@ def ours(chats: list, sampling: SamplingConfig, steps: int, repeats: int) -> dic
     import torch
 
     from ctxpick.engines.ray_pool import EngineConfig, EnginePool, init_ray
-    from ctxpick.rl.learner import LearnerConfig, LearnerGroup
+    from ctxpick.rl.learner import LearnerGroup
     from ctxpick.rl.rollout import Group, to_sequences
 
     init_ray(num_cpus=8)
@@ -158,7 +160,7 @@ def ours(chats: list, sampling: SamplingConfig, steps: int, repeats: int) -> dic
         MODEL,
         EngineConfig(num_cpus_per_actor=THREADS, max_model_len=4096, cpu_kv_cache_gb=2),
         logprobs_mode="processed_logprobs",
-        dtype="bfloat16",  # as training's rollout workers (rl/run.py)
+        dtype=DTYPE,  # as training's rollout workers (rl/run.py)
     )
     llm = plain_vllm()
     rates, outs = rollouts(engines, llm, chats, sampling, repeats)
@@ -194,15 +196,15 @@ def ours(chats: list, sampling: SamplingConfig, steps: int, repeats: int) -> dic
 
 
 def plain_torch(seqs: list, steps: int) -> float:
-    """Forward/backward/AdamW in bf16, micro-batches of 8, right-padded, with logits only on
-    the response positions (``logits_to_keep``, as TRL computes them)."""
+    """Forward/backward/AdamW in the learner's dtype, micro-batches of 8, right-padded, with
+    logits only on the response positions (``logits_to_keep``, as TRL computes them)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from ctxpick.engines.models import resolve
 
     torch.set_num_threads(THREADS)
-    model = AutoModelForCausalLM.from_pretrained(resolve(MODEL), dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(resolve(MODEL), dtype=getattr(torch, DTYPE))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
     def step() -> None:

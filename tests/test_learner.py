@@ -1,5 +1,6 @@
-"""Real DeepSpeed steps (CPU: gloo, bf16) on the built-in model, data-parallel over two Ray
-actors placed by a placement group, under ZeRO-2 and ZeRO-3."""
+"""Real DeepSpeed steps (CPU: gloo; bf16, or float32 on a CPU without bf16 instructions) on the
+built-in model, data-parallel over two Ray actors placed by a placement group, under ZeRO-2 and
+ZeRO-3."""
 
 from itertools import accumulate
 
@@ -32,7 +33,7 @@ def engines(ray_cluster):
         max_model_len=1024,
         cpu_kv_cache_gb=1,
         logprobs_mode="processed_logprobs",
-        dtype="bfloat16",  # as training's rollout workers (rl/run.py), the learner's
+        dtype=LearnerConfig().compute_dtype(),  # as training's rollout workers (rl/run.py)
     )
     yield pool
     pool.shutdown()
@@ -112,6 +113,8 @@ def test_bad_learner_config():
         LearnerConfig(zero_stage=3, lora_rank=8)
     with pytest.raises(ValueError, match="update_epochs >= 1"):
         GRPOConfig(update_epochs=0)
+    with pytest.raises(ValueError, match="rl.learner.dtype 'float16'"):
+        LearnerConfig(dtype="float16")
 
 
 @ray.remote(num_cpus=1, max_calls=1)  # DeepSpeed joins torch.distributed: a worker used once

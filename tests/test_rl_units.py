@@ -191,6 +191,38 @@ def test_a_stage_recorded_before_later_options_resumes_under_their_old_values(tm
         check_stage_settings(compose(contrib), tmp_path)
 
 
+def test_a_stage_records_the_dtype_its_learner_computes_in(tmp_path, monkeypatch):
+    """`auto` is recorded as what it resolves to: the same config on a CPU without bf16
+    instructions trains in float32, another stage, refused where a bf16 stage was trained
+    (a record from before the option: bf16, the one dtype then); naming bf16 resumes it. GPU
+    learners compute in bf16 whatever the driver's CPU has, and rollouts are given the same."""
+    import torch
+
+    from ctxpick.config import ConfigError, compose
+    from ctxpick.rl.stage_settings import SETTINGS_FILE, check_stage_settings
+
+    base = ["stage=warmup", f"output_dir={tmp_path}"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_bf16": True})
+    check_stage_settings(compose(base), tmp_path)
+    recorded = json.loads((tmp_path / SETTINGS_FILE).read_text())
+    assert recorded["rl"]["learner"]["dtype"] == "bfloat16"
+    del recorded["rl"]["learner"]["dtype"]
+    (tmp_path / "final").mkdir()
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    check_stage_settings(compose(base), tmp_path)  # resumes on a bf16 CPU
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True})
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(recorded))
+    with pytest.raises(ConfigError, match=r"rl\.learner\.dtype: 'bfloat16' there \(not recorded"):
+        check_stage_settings(compose(base), tmp_path)
+    check_stage_settings(compose([*base, "rl.learner.dtype=bfloat16"]), tmp_path)
+    assert compose(base).rl.learner.compute_dtype() == "float32"
+    gpu = compose([*base, "rl.learner.num_gpus_per_actor=1"]).rl.learner
+    assert gpu.compute_dtype() == "bfloat16"
+    assert gpu.deepspeed_config(1, "bfloat16")["bf16"] == {"enabled": True}
+    assert gpu.deepspeed_config(1, "float32")["bf16"] == {"enabled": False}
+
+
 def test_picker_examples_in_pool_order_are_what_inference_shows():
     """rl.pool_order=pool: the first max_passages of the pool, in its rank, for the question
     and every rewrite alike: the prompt inference builds from the same retriever's pool."""

@@ -500,7 +500,7 @@ def test_rollout_logprobs_match_the_learner_after_weight_sync(run, root):
     for _ in range(2):
         sft_step(run, elsewhere)
     before, _ = gap()
-    # ...and the sync brings them back to the same distribution, up to bf16 kernel noise
+    # ...and the sync brings them back to the same distribution, up to kernel noise
     # (vLLM's CPU kernels and PyTorch's round differently; the odd unlikely token differs
     # more in log-prob, so the mean is taken in probability and the log-prob's median).
     run.sync_weights()
@@ -572,9 +572,10 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
     b = adapter[f"base_model.model.{layer}.lora_B.weight"].float()
     base = load_file(f"{resolve('smollm2-135m')}/model.safetensors")[f"{layer}.weight"]
     merged = load_file(final / "model.safetensors")[f"{layer}.weight"]
-    # bf16 weights plus the bf16 delta, as the learner merges them: equal to a bf16 ulp, where
-    # the base alone is not.
-    expected = (base + (config["lora_alpha"] / config["r"] * b @ a).bfloat16()).float()
+    # The weights plus the delta in the learner's dtype, as it merges them: equal to a bf16 ulp,
+    # where the base alone is not.
+    dtype = getattr(torch, cfg.rl.learner.compute_dtype())
+    expected = (base.to(dtype) + (config["lora_alpha"] / config["r"] * b @ a).to(dtype)).float()
     assert torch.allclose(merged.float(), expected, rtol=2**-7, atol=0)
     assert not torch.allclose(base.float(), expected, rtol=2**-7, atol=0), "the adapter trained"
     assert not (final / "adapter_config.json").exists()  # final/ loads as a plain model

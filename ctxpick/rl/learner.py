@@ -1,4 +1,5 @@
-"""A DeepSpeed learner in a Ray actor: bf16, ZeRO stage from config, gloo on CPU and NCCL on GPU.
+"""A DeepSpeed learner in a Ray actor: bf16 where the hardware has a fast path (float32 on a CPU
+without bf16 instructions), ZeRO stage from config, gloo on CPU and NCCL on GPU.
 One actor is one data-parallel rank; :class:`LearnerGroup` places and drives them together."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import ray
 from ctxpick.engines.base import LoraAdapter
 from ctxpick.engines.models import TOKENIZER_FILES
 from ctxpick.engines.ray_pool import Placement, actor_bundles, in_bundle, reserve
+from ctxpick.engines.vllm_engine import compute_dtype
 from ctxpick.rl.batching import (
     MicroBatch,
     Plan,
@@ -24,6 +26,8 @@ from ctxpick.rl.batching import (
     plan_updates,
 )
 from ctxpick.rl.grpo import GRPOConfig
+
+LEARNER_DTYPES = ("auto", "bfloat16", "float32")
 
 
 @dataclass
@@ -44,6 +48,9 @@ class LearnerConfig:
     # log-prob gap after a sync was 0.10 packed against 0.06 padded (tests/test_learner.py's
     # ZeRO-3 case run once with packing on), each layout as close to float32 as the other.
     packing: bool = False
+    # auto: bf16 on a GPU or a CPU with bf16 instructions, float32 elsewhere (a 2-core AVX2 CPU
+    # ran bf16 matmuls ~90x slower than float32); rollout workers compute in the same.
+    dtype: str = "auto"
     lora_rank: int = 0  # > 0: train low-rank adapters only (rl.lora_sync: how rollouts get them)
     lora_alpha: float = 16.0
     lora_targets: list[str] = field(
@@ -66,24 +73,35 @@ class LearnerConfig:
             raise ValueError("learner needs num_actors >= 1 and micro_batch_size >= 1")
         if self.lora_rank < 0 or (self.lora_rank and self.zero_stage == 3):
             raise ValueError("lora_rank must be >= 0, and LoRA is not combined with ZeRO-3")
+        if self.dtype not in LEARNER_DTYPES:
+            # float16 would need loss scaling, which this learner does not do.
+            raise ValueError(f"rl.learner.dtype {self.dtype!r}: expected one of {LEARNER_DTYPES}")
 
-    def deepspeed_config(self, world_size: int) -> dict[str, Any]:
+    def compute_dtype(self) -> str:
+        """``dtype`` resolved for the learner actors (GPU actors: bf16 under ``auto``), here in
+        the driver, so that the rollout workers are given the same."""
+        return compute_dtype(self.dtype, gpu=self.num_gpus_per_actor > 0)
+
+    def deepspeed_config(self, world_size: int, dtype: str) -> dict[str, Any]:
         return {
             "train_micro_batch_size_per_gpu": self.micro_batch_size,
             "gradient_accumulation_steps": 1,  # Learner._step sets each boundary itself
             "train_batch_size": self.micro_batch_size * world_size,
             "gradient_clipping": self.grad_clip,
-            "bf16": {"enabled": True},
+            "bf16": {"enabled": dtype == "bfloat16"},  # else plain float32
             "zero_optimization": {"stage": self.zero_stage},
             "steps_per_print": 10**9,
         }
 
 
 class Learner:
-    def __init__(self, cfg: LearnerConfig, lr: float, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self, cfg: LearnerConfig, lr: float, rank: int = 0, world_size: int = 1, dtype: str = ""
+    ) -> None:
         import torch
 
         self.cfg, self.lr, self.rank, self.world_size = cfg, lr, rank, world_size
+        self.dtype = dtype or cfg.compute_dtype()
         self.on_gpu = torch.cuda.is_available()
         if not self.on_gpu:
             # DeepSpeed picks its accelerator at import time.
@@ -115,14 +133,15 @@ class Learner:
         self.model_path = init_from or resolve(self.cfg.model)
         # No gradient checkpointing: it disables the KV cache the prompt-sharing forward
         # relies on (ctxpick/rl/logprobs.py), which saves more than it would.
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.bfloat16)
+        dtype = getattr(torch, self.dtype)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
         check_supported(model, self.cfg.packing)
         if self.cfg.lora_rank:
             from ctxpick.rl.lora import apply_lora
 
             apply_lora(model, self.cfg.lora_rank, self.cfg.lora_alpha, self.cfg.lora_targets)
         # A torch optimizer: DeepSpeed's fused/CPU Adam need compiled ops that CPU-only
-        # machines lack, and DeepSpeed's bf16 optimizer wraps it with fp32 master weights.
+        # machines lack, and in bf16 DeepSpeed's bf16 optimizer wraps it with fp32 master weights.
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=self.lr,
@@ -136,12 +155,12 @@ class Learner:
             model=model,
             optimizer=optimizer,
             lr_scheduler=scheduler,
-            config=self.cfg.deepspeed_config(self.world_size),
+            config=self.cfg.deepspeed_config(self.world_size, self.dtype),
         )
         self.device = self.engine.device
         self.ref = None
         if self.cfg.grpo.kl_coef > 0:
-            self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.bfloat16)
+            self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
             self.ref.to(self.device).eval().requires_grad_(False)
 
     # -- optimisation ------------------------------------------------------------------------
@@ -386,7 +405,7 @@ class LearnerGroup:
         placement: Placement | None = None,
         reserve_timeout_s: float | None = None,
     ) -> None:
-        self.owned_pg = None
+        self.owned_pg, self.dtype = None, cfg.compute_dtype()  # one dtype for every rank
         if placement is None:
             self.owned_pg = reserve(
                 actor_bundles(cfg), "PACK", "ctxpick-learners", reserve_timeout_s
@@ -405,7 +424,7 @@ class LearnerGroup:
                 scheduling_strategy=in_bundle(placement, rank),
                 runtime_env={"env_vars": env},
             )
-            .remote(cfg, lr, rank, cfg.num_actors)
+            .remote(cfg, lr, rank, cfg.num_actors, self.dtype)
             for rank in range(cfg.num_actors)
         ]
         addr, port = ray.get(self.actors[0].address.remote())

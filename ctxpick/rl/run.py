@@ -49,7 +49,7 @@ class Run:
                 replace_dead=False,  # a replacement would lack the synced weights: train() restarts
                 placement=(self.pg, 0),
                 logprobs_mode="processed_logprobs",
-                dtype="bfloat16",  # the learner's (rl/learner.py): rollouts sample its numerics
+                dtype=rl.learner.compute_dtype(),  # rollouts sample the learner's numerics
                 weight_transfer=self.transfer,
                 # Adapter sync: the base model loaded once, the learner's adapter on top of it,
                 # served by vLLM's LoRA support or merged into the engine's weights.

@@ -35,6 +35,7 @@ ADDED_LATER: dict[str, Any] = {
     "stage.rationale_version": 1,
     "rl.dynamic_sampling": False,
     "rl.async_level": 0,
+    "rl.learner.dtype": "bfloat16",  # the learner's one dtype until 2026-12-07
 }
 
 
@@ -51,7 +52,10 @@ def stage_settings(cfg: Config) -> dict[str, Any]:
             "mined": rl.mined,
             "pool_order": rl.pool_order,
             "prompts_per_step": rl.prompts_per_step,
-            "learner": {k: v for k, v in asdict(rl.learner).items() if k not in LEARNER_RESOURCES},
+            "learner": {k: v for k, v in asdict(rl.learner).items() if k not in LEARNER_RESOURCES}
+            # The dtype it computes in, not "auto": the same config on another CPU trains
+            # otherwise, and its checkpoint's optimizer state is of another layout.
+            | {"dtype": rl.learner.compute_dtype()},
             "dynamic_sampling": rl.dynamic_sampling,
             # Read only by dynamic sampling: off, any value trains the same.
             "max_prompt_draws": rl.max_prompt_draws if rl.dynamic_sampling else None,
