@@ -17,8 +17,8 @@ Modes, each a fresh stage from the same weights:
 
 The first step of each mode warms up (first generation, first load) and is not counted; the
 table gives the mean of the others, the learner's throughput (prompt and response tokens it
-ran per second of its update) and its model FLOPs utilisation against this machine's bf16
-matmul peak, measured here with the learner's thread count. Pools are BM25's over real
+ran per second of its update) and its model FLOPs utilisation against this machine's
+matmul peak in the learner's dtype, measured here with its thread count. Pools are BM25's over real
 HotpotQA training questions (the recipe's are dense: the prompt length, 8 passages of <= 40
 words, is the same).
 Run: .venv/bin/python benchmarks/bench_grpo_step.py [--steps 4 --modes before adapter async]
@@ -53,12 +53,13 @@ ROWS = [
 ]
 
 
-def bf16_peak(threads: int) -> float:
-    """FLOP/s of a large bf16 matmul on ``threads`` threads: the learner's ceiling here."""
+def matmul_peak(threads: int, dtype: str) -> float:
+    """FLOP/s of a large matmul in the learner's ``dtype`` on ``threads`` threads: the learner's
+    ceiling here."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(2048, 2048, dtype=torch.bfloat16), torch.randn(2048, 2048).bfloat16()
+    a, b = (torch.randn(2048, 2048, dtype=getattr(torch, dtype)) for _ in range(2))
     a @ b
     t0, n = time.time(), 10
     for _ in range(n):
@@ -130,7 +131,8 @@ def main() -> None:
         params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
         per_token = (4 if cfg.rl.learner.lora_rank else 6) * params
         threads = int(cfg.rl.learner.num_cpus_per_actor)
-        peak = bf16_peak(threads)
+        dtype = cfg.rl.learner.compute_dtype()
+        peak = matmul_peak(threads, dtype)
         init_ray(None, cfg.ray.num_cpus)
         results = {
             mode: measure(mode, [*base, *MODES[mode], f"output_dir={tmp}/{mode}"], per_token)
@@ -143,7 +145,7 @@ def main() -> None:
     print(
         f"\n{args.model} ({params / 1e6:.0f}M parameters), LoRA rank {lora.lora_rank} on "
         f"{len(lora.lora_targets)} projections, {cfg.rl.prompts_per_step} prompts x "
-        f"{cfg.stage.group_size} samples, mean of steps 2-{args.steps}; bf16 matmul peak on "
+        f"{cfg.stage.group_size} samples, mean of steps 2-{args.steps}; {dtype} matmul peak on "
         f"{threads} threads {peak / 1e12:.2f} TFLOP/s\n"
     )
     rest = args.modes[1:]

@@ -128,7 +128,9 @@ def _stage(out, mined, steps, stage="warmup"):
 
 def test_stopped_stage_checkpoints_and_a_resubmission_resumes(jobs, mined, tmp_path):
     out = tmp_path / "stage"
-    job = _submit(jobs, "train", *_stage(out, mined, 40))
+    # A warm start runs the learner alone: both cores for it.
+    cores = "rl.learner.num_cpus_per_actor=2"
+    job = _submit(jobs, "train", *_stage(out, mined, 40), cores)
     status = _wait(jobs, job, until="[warmup] step 2 ")
     assert status not in TERMINAL, jobs.get_job_logs(job)[-3000:]
     jobs.stop_job(job)
@@ -139,7 +141,7 @@ def test_stopped_stage_checkpoints_and_a_resubmission_resumes(jobs, mined, tmp_p
     assert stopped_at >= 2 and (out / "checkpoints" / "latest").exists()
     assert not (out / "final").exists()
 
-    again = _submit(jobs, "train", *_stage(out, mined, stopped_at + 1))
+    again = _submit(jobs, "train", *_stage(out, mined, stopped_at + 1), cores)
     assert _wait(jobs, again) == "SUCCEEDED", jobs.get_job_logs(again)[-3000:]
     logs = jobs.get_job_logs(again)
     assert f"at step {stopped_at}" in logs and f"step {stopped_at + 1} " in logs
@@ -169,13 +171,17 @@ def test_a_sweep_trains_its_points_concurrently_each_in_its_own_placement_group(
 ):
     """`jobs/sweep.py` over two redundancy margins: both Stage II points hold their own
     placement group (a rollout worker and a learner bundle, from config) at the same time,
-    each is a W&B run in the sweep's group with its overrides, and sweep.md compares them."""
+    each is a W&B run in the sweep's group with its overrides, and sweep.md compares them.
+    LoRA learners: two full-weight ones in float32 (a CPU without bf16 instructions) held 4.5
+    GB each, and with both points' engines and the suite's shared one the node ran out of
+    memory (2026-12-07, 23 GB)."""
     from ray.util.state import list_placement_groups
 
     sweep = tmp_path / "sweep"
     job = _submit(
         jobs, "sweep", *_stage(tmp_path / "unused", mined, 1, stage="stage2"),
         "stage.init_from=null", "stage.group_size=4", "stage.redundancy_margin=0,1",
+        "rl.learner.lora_rank=4",
         f"hydra.sweep.dir={sweep}", "wandb.mode=offline",
     )  # fmt: skip
     most_at_once, groups = 0, {}

@@ -118,10 +118,12 @@ def test_bad_learner_config():
 
 
 @ray.remote(num_cpus=1, max_calls=1)  # DeepSpeed joins torch.distributed: a worker used once
-def _optimizer_trace(model_dir: str, zero_stage: int) -> list[tuple[bool, int, bool]]:
+def _optimizer_trace(
+    model_dir: str, zero_stage: int
+) -> tuple[list[tuple[bool, int, bool]], list[float]]:
     """GRPO steps on 3 prompt groups in 2 mini-batches: at every micro-step, whether DeepSpeed
     sees an accumulation boundary, its optimizer-step count after it, and whether the weights
-    moved."""
+    moved; and each rollout batch's gradient norm."""
     grpo = GRPOConfig(mini_batches=2)
     cfg = LearnerConfig(model=model_dir, micro_batch_size=2, zero_stage=zero_stage, grpo=grpo)
     learner = Learner(cfg, lr=1e-2)
@@ -141,9 +143,8 @@ def _optimizer_trace(model_dir: str, zero_stage: int) -> list[tuple[bool, int, b
         for j in range(3)
     ]
     [plan], tokens = plan_updates(seqs, cfg.micro_batch_size, 1, grpo.mini_batches)
-    for _ in range(2):  # two rollout batches
-        learner.grpo_step(plan, tokens, 1.0)
-    return trace
+    norms = [learner.grpo_step(plan, tokens, 1.0)["grad_norm"] for _ in range(2)]  # 2 batches
+    return trace, norms
 
 
 @pytest.mark.parametrize("zero_stage", [0, 2])
@@ -157,9 +158,11 @@ def test_the_optimizer_steps_exactly_at_the_end_of_each_mini_batch(
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(LlamaConfig(**TINY_DECODER)).save_pretrained(tmp_path)
-    trace = ray.get(_optimizer_trace.remote(str(tmp_path), zero_stage))
+    trace, norms = ray.get(_optimizer_trace.remote(str(tmp_path), zero_stage))
     mini_batches = [2, 4, 2, 4]
     ends = [i == n - 1 for n in mini_batches for i in range(n)]
     assert [boundary for boundary, _, _ in trace] == ends
     assert [moved for _, _, moved in trace] == ends
     assert [steps for _, steps, _ in trace] == list(accumulate(ends))  # optimizer steps so far
+    # The last update's gradient norm, in either dtype (float32 at stage 0: taken by the learner).
+    assert all(0 < norm < float("inf") for norm in norms), norms

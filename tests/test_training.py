@@ -59,6 +59,10 @@ def tiny(root, name, *overrides):
             "rl.rollout.max_model_len=2048",
             "rl.rollout.cpu_kv_cache_gb=1",
             "rl.learner.micro_batch_size=4",
+            # Both cores for each: they take turns (async tests give each one). On a CPU
+            # without bf16 instructions (float32) this made steps ~2x faster.
+            "rl.rollout.num_cpus_per_actor=2",
+            "rl.learner.num_cpus_per_actor=2",
             "rl.val_size=2",
             "wandb.mode=disabled",
             *overrides,
@@ -219,7 +223,9 @@ def _train_or_free(cfg, run):
         run.shutdown()
 
 
+# Rollouts overlap the update: one core each.
 ASYNC = ("rl.async_level=1", "rl.learner.grpo.tis_cap=2.0")
+ONE_CORE_EACH = ("rl.rollout.num_cpus_per_actor=1", "rl.learner.num_cpus_per_actor=1")
 WARM, ASYNC_STEPS = 2, 8
 
 
@@ -250,7 +256,7 @@ def test_async_rollouts_learn_and_a_resume_trains_on_the_same(ray_cluster, tmp_p
     The resume also loses a rollout worker while it samples step 7 beside step 6's update:
     the stage restarts from the step-5 checkpoint, whose rollouts it then trains on."""
     root = _mined_root(tmp_path, train=8, val=8)
-    val = ("rl.val_size=8", "rl.val_every=100")
+    val = ("rl.val_size=8", "rl.val_every=100", *ONE_CORE_EACH)
     warm = train(tiny(root, "warm", "stage=warmup", f"stage.max_steps={WARM}", *val))
     _drop_checkpoints(warm.parent)  # the stage below starts from its final/
     resume_at = 4
@@ -419,14 +425,21 @@ def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
         sft_step(run, train_set[2:])
     run.sync_weights()
     spec = RewardSpec(margin=1, gamma=0.5)
-    for step in range(8):  # until a group disagrees, so the update is not zero
-        before = run.learners.call("state_checksum")[0]
-        metrics, rollouts = grpo_step(run, train_set[:2], spec, step)
-        groups, terms = rollouts.groups, [ts for _, ts in rollouts.drawn]
-        after = run.learners.call("state_checksum")[0]
-        rewards = [t.reward for ts in terms for t in ts]
-        if len(set(rewards[:4])) > 1 or len(set(rewards[4:])) > 1:
-            break
+    # Sampled hotter than training's 1.0: in float32 (a CPU without bf16 instructions) the
+    # warm-started samples of each group scored alike for 8 steps at 1.0 (2026-12-07).
+    shared = run.cfg
+    run.cfg = tiny(root, "shared", "picker.temperature=1.5")
+    try:
+        for step in range(8):  # until a group disagrees, so the update is not zero
+            before = run.learners.call("state_checksum")[0]
+            metrics, rollouts = grpo_step(run, train_set[:2], spec, step)
+            groups, terms = rollouts.groups, [ts for _, ts in rollouts.drawn]
+            after = run.learners.call("state_checksum")[0]
+            rewards = [t.reward for ts in terms for t in ts]
+            if len(set(rewards[:4])) > 1 or len(set(rewards[4:])) > 1:
+                break
+    finally:
+        run.cfg = shared
     assert len(groups) == 2 and all(len(g.samples) == 4 for g in groups)
     assert {"time/rollout", "time/reward", "time/learn"} <= set(metrics)
     assert rollouts.version == step and metrics["groups_trained"] == 2
@@ -441,7 +454,6 @@ def test_full_grpo_step_updates_the_learner_and_the_rollout_workers(run, root):
 
     # Dynamic sampling on the same actors: flat groups are dropped and refilled from `more`,
     # at most 4 prompts drawn; what trains is every drawn group with signal, up to 2.
-    shared = run.cfg
     run.cfg = tiny(root, "shared", "rl.dynamic_sampling=true", "rl.max_prompt_draws=4")
     try:
         asked = []
@@ -572,12 +584,13 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
     b = adapter[f"base_model.model.{layer}.lora_B.weight"].float()
     base = load_file(f"{resolve('smollm2-135m')}/model.safetensors")[f"{layer}.weight"]
     merged = load_file(final / "model.safetensors")[f"{layer}.weight"]
-    # The weights plus the delta in the learner's dtype, as it merges them: equal to a bf16 ulp,
-    # where the base alone is not.
+    # The weights plus the delta in the learner's dtype, as it merges them: equal to one
+    # rounding in that dtype, where the base alone is not.
     dtype = getattr(torch, cfg.rl.learner.compute_dtype())
     expected = (base.to(dtype) + (config["lora_alpha"] / config["r"] * b @ a).to(dtype)).float()
-    assert torch.allclose(merged.float(), expected, rtol=2**-7, atol=0)
-    assert not torch.allclose(base.float(), expected, rtol=2**-7, atol=0), "the adapter trained"
+    tol = {"rtol": 2**-7, "atol": 0} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-7}
+    assert merged.dtype == dtype and torch.allclose(merged.float(), expected, **tol)
+    assert not torch.allclose(base.float(), expected, **tol), "the adapter trained"
     assert not (final / "adapter_config.json").exists()  # final/ loads as a plain model
     if serving == "lora":
         return

@@ -33,7 +33,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.85
     batch_size: int = 16  # prompts per engine call, for progress reporting
     # vllm_engine.compute_dtype: bf16 where the hardware has a fast path. Rollout workers
-    # compute in the learner's bf16 whatever this says (rl/run.py); evaluated pickers use it.
+    # compute in the learner's dtype whatever this says (rl/run.py); evaluated pickers use it.
     dtype: str = "auto"
 
     def __post_init__(self) -> None:

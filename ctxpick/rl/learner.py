@@ -158,6 +158,11 @@ class Learner:
             config=self.cfg.deepspeed_config(self.world_size, self.dtype),
         )
         self.device = self.engine.device
+        # DeepSpeed reports the gradient norm of its bf16 and ZeRO optimizers only: in float32
+        # at stage 0 it steps the torch optimizer as is, so the norm (before clipping, as
+        # DeepSpeed's) is taken here.
+        self.own_grad_norm = self.dtype == "float32" and self.cfg.zero_stage == 0
+        self.grad_norm = float("nan")
         self.ref = None
         if self.cfg.grpo.kl_coef > 0:
             self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
@@ -175,6 +180,8 @@ class Learner:
         The accumulation boundary is set by hand at every micro-batch: DeepSpeed's own counts
         micro-steps since the engine started against a fixed accumulation count, so mini-batches
         of different sizes would step mid-batch and carry gradients into the next one."""
+        import torch
+
         totals: dict[str, float] = {}
         for i, mb in enumerate(micro_batches):
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
@@ -184,6 +191,12 @@ class Learner:
             self.engine.backward(
                 loss_sum * self.world_size / max(total_tokens, 1), scale_wrt_gas=False
             )
+            if i == len(micro_batches) - 1 and self.own_grad_norm:
+                self.grad_norm = float(
+                    torch.nn.utils.get_total_norm(
+                        [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+                    )
+                )
             self.engine.step()
             stats |= {
                 "loss": loss_sum.detach(),
@@ -207,7 +220,7 @@ class Learner:
                 )
                 for name, value in step.items():
                     totals[name] = totals.get(name, 0.0) + value
-        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = self.grad_norm if self.own_grad_norm else self.engine.get_global_grad_norm()
         totals["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         totals["lr"] = float(self.scheduler.get_last_lr()[0])
         return totals
