@@ -172,9 +172,9 @@ def test_a_sweep_trains_its_points_concurrently_each_in_its_own_placement_group(
     """`jobs/sweep.py` over two redundancy margins: both Stage II points hold their own
     placement group (a rollout worker and a learner bundle, from config) at the same time,
     each is a W&B run in the sweep's group with its overrides, and sweep.md compares them.
-    LoRA learners: two full-weight ones in float32 (a CPU without bf16 instructions) held 4.5
-    GB each, and with both points' engines and the suite's shared one the node ran out of
-    memory (2026-12-07, 23 GB)."""
+    LoRA learners: a full-weight one in float32 (a CPU without bf16 instructions) held 4.5 GB,
+    and beside the points' engines and the suite's shared one a 23-GB node ran out of memory
+    (2026-12-07)."""
     from ray.util.state import list_placement_groups
 
     sweep = tmp_path / "sweep"

@@ -119,13 +119,15 @@ def test_bad_learner_config():
 
 @ray.remote(num_cpus=1, max_calls=1)  # DeepSpeed joins torch.distributed: a worker used once
 def _optimizer_trace(
-    model_dir: str, zero_stage: int
+    model_dir: str, zero_stage: int, dtype: str
 ) -> tuple[list[tuple[bool, int, bool]], list[float]]:
     """GRPO steps on 3 prompt groups in 2 mini-batches: at every micro-step, whether DeepSpeed
     sees an accumulation boundary, its optimizer-step count after it, and whether the weights
     moved; and each rollout batch's gradient norm."""
     grpo = GRPOConfig(mini_batches=2)
-    cfg = LearnerConfig(model=model_dir, micro_batch_size=2, zero_stage=zero_stage, grpo=grpo)
+    cfg = LearnerConfig(
+        model=model_dir, micro_batch_size=2, zero_stage=zero_stage, grpo=grpo, dtype=dtype
+    )
     learner = Learner(cfg, lr=1e-2)
     learner.setup(*learner.address())
     engine, trace = learner.engine, []
@@ -147,9 +149,10 @@ def _optimizer_trace(
     return trace, norms
 
 
-@pytest.mark.parametrize("zero_stage", [0, 2])
+# float32 at stage 0: the one case where the learner takes the gradient norm itself.
+@pytest.mark.parametrize("zero_stage, dtype", [(0, "float32"), (0, "bfloat16"), (2, "auto")])
 def test_the_optimizer_steps_exactly_at_the_end_of_each_mini_batch(
-    ray_cluster, tmp_path, zero_stage
+    ray_cluster, tmp_path, zero_stage, dtype
 ):
     """Uneven mini-batches (1 and 2 prompt groups of 3 responses: 2 and 4 micro-batches of 2)
     over two rollout batches: one optimizer step at the last micro-batch of each mini-batch
@@ -158,7 +161,7 @@ def test_the_optimizer_steps_exactly_at_the_end_of_each_mini_batch(
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(LlamaConfig(**TINY_DECODER)).save_pretrained(tmp_path)
-    trace, norms = ray.get(_optimizer_trace.remote(str(tmp_path), zero_stage))
+    trace, norms = ray.get(_optimizer_trace.remote(str(tmp_path), zero_stage, dtype))
     mini_batches = [2, 4, 2, 4]
     ends = [i == n - 1 for n in mini_batches for i in range(n)]
     assert [boundary for boundary, _, _ in trace] == ends

@@ -63,6 +63,8 @@ def tiny(root, name, *overrides):
             # without bf16 instructions (float32) this made steps ~2x faster.
             "rl.rollout.num_cpus_per_actor=2",
             "rl.learner.num_cpus_per_actor=2",
+            # A Run a failed test leaked would leave the next one waiting for CPUs forever.
+            "ray.reserve_timeout_s=600",
             "rl.val_size=2",
             "wandb.mode=disabled",
             *overrides,
