@@ -169,3 +169,38 @@ def test_the_optimizer_steps_exactly_at_the_end_of_each_mini_batch(
     assert [steps for _, steps, _ in trace] == list(accumulate(ends))  # optimizer steps so far
     # The last update's gradient norm, in either dtype (float32 at stage 0: taken by the learner).
     assert all(0 < norm < float("inf") for norm in norms), norms
+
+
+@ray.remote(num_cpus=1, max_calls=1)  # a fresh process: the op is not loaded in it yet
+def _start_learner(model_dir: str) -> float:
+    learner = Learner(LearnerConfig(model=model_dir), lr=1e-3)
+    learner.setup(*learner.address())
+    return learner.state_checksum()
+
+
+def test_a_learner_starts_where_one_killed_while_loading_its_op_left_the_build_lock(
+    ray_cluster, tmp_path
+):
+    """torch builds DeepSpeed's CPU communication op under a lock file that its holder removes
+    when done. A process killed while holding it (here, right after taking it, as torch does)
+    left it, and every later learner on the node waited for it forever: a CI run hung for 80
+    minutes. A new learner starts, and the lock is gone."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from ctxpick.rl.deepspeed_ops import build_lock
+
+    lock = build_lock()
+    if lock is None:
+        pytest.skip("this accelerator builds no communication op")
+    taken_then_killed = (
+        "import os, signal, sys\nfrom torch.utils.file_baton import FileBaton\n"
+        "assert FileBaton(sys.argv[1]).try_acquire()\nos.kill(os.getpid(), signal.SIGKILL)"
+    )
+    done = subprocess.run([sys.executable, "-c", taken_then_killed, str(lock)], check=False)
+    assert done.returncode == -9 and lock.exists()
+    AutoModelForCausalLM.from_config(LlamaConfig(**TINY_DECODER)).save_pretrained(tmp_path)
+    assert ray.get(_start_learner.remote(str(tmp_path)), timeout=900) != 0
+    assert not lock.exists()

@@ -120,6 +120,7 @@ class Learner:
         from transformers import AutoModelForCausalLM
 
         from ctxpick.engines.models import resolve
+        from ctxpick.rl.deepspeed_ops import load_shm_op
         from ctxpick.rl.logprobs import check_supported
 
         os.environ.update(
@@ -129,6 +130,7 @@ class Learner:
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
         )
+        load_shm_op()  # before init_distributed would, under a lock a killed learner frees
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         self.model_path = init_from or resolve(self.cfg.model)
         # No gradient checkpointing: it disables the KV cache the prompt-sharing forward
