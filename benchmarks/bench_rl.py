@@ -152,7 +152,7 @@ def ours(chats: list, sampling: SamplingConfig, steps: int, repeats: int) -> dic
     import torch
 
     from ctxpick.engines.ray_pool import EngineConfig, EnginePool, init_ray
-    from ctxpick.rl.learner import LearnerGroup
+    from ctxpick.rl.learner_group import LearnerGroup
     from ctxpick.rl.rollout import Group, to_sequences
 
     init_ray(num_cpus=8)

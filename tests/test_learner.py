@@ -14,7 +14,8 @@ from ctxpick.engines.ray_pool import EnginePool
 from ctxpick.picker.format import picker_chat
 from ctxpick.rl.batching import TrainSequence, plan_updates
 from ctxpick.rl.grpo import GRPOConfig
-from ctxpick.rl.learner import Learner, LearnerConfig, LearnerGroup
+from ctxpick.rl.learner import Learner, LearnerConfig
+from ctxpick.rl.learner_group import LearnerGroup
 
 pytestmark = pytest.mark.slow
 

@@ -138,7 +138,7 @@ def test_a_reservation_no_cluster_can_meet_fails_by_its_deadline_and_leaves_noth
     ray_cluster,
 ):
     from ctxpick.engines.ray_pool import reserve
-    from ctxpick.rl.learner import LearnerGroup
+    from ctxpick.rl.learner_group import LearnerGroup
 
     with pytest.raises(TimeoutError, match=r"no room for \[\{'CPU': 1000\}\].*reserve_timeout"):
         reserve([{"CPU": 1000}], "PACK", "too-big", timeout_s=1)

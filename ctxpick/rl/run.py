@@ -12,7 +12,7 @@ import ray
 from ctxpick.config import Config, ConfigError
 from ctxpick.engines.ray_pool import EnginePool, reserve
 from ctxpick.rewards.service import RewardClient
-from ctxpick.rl.learner import LearnerGroup
+from ctxpick.rl.learner_group import LearnerGroup
 from ctxpick.rl.placement import stage_bundles
 
 
