@@ -505,3 +505,38 @@ def test_a_resumed_mining_run_builds_pools_only_for_new_questions(tmp_path, monk
     lines = (tmp_path / "mined.jsonl").read_text().splitlines()
     assert len(lines) == 5 and len({json.loads(x)["id"] for x in lines}) == 5
     assert summary["all"]["examples"] == 5
+
+
+def test_a_build_lock_of_unknown_origin_is_waited_for_until_it_is_stale(tmp_path, capsys):
+    """Another program's build holds its lock file as long as it builds: it is waited for and
+    left to that program to remove; one older than any build is removed, as is one a learner
+    that died loading the op left, however young (tests/test_learner.py kills one)."""
+    import os
+    import threading
+    import time
+
+    from ctxpick.rl.deepspeed_ops import STALE_AFTER_S, clear_build_lock
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    released = []
+
+    def release():  # the other program's own removal: it fails if the lock went here
+        lock.unlink()
+        released.append(True)
+
+    other = threading.Timer(1.5, release)
+    other.start()
+    clear_build_lock(lock, left_by_a_learner=False)
+    other.join()
+    assert released and "waiting for" in capsys.readouterr().out
+
+    lock.touch()
+    hour_ago = time.time() - max(3600, 2 * STALE_AFTER_S)
+    os.utime(lock, (hour_ago, hour_ago))
+    clear_build_lock(lock, left_by_a_learner=False)
+    assert not lock.exists() and "s old, left by a process killed" in capsys.readouterr().out
+
+    lock.touch()
+    clear_build_lock(lock, left_by_a_learner=True)
+    assert not lock.exists() and "left by a learner killed" in capsys.readouterr().out

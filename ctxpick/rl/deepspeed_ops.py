@@ -1,19 +1,28 @@
-"""DeepSpeed's CPU communication op, loaded under a lock that dies with its holder.
+"""DeepSpeed's CPU communication op, loaded so that a learner killed while loading it cannot
+hang the learners after it.
 
 As every CPU learner starts, DeepSpeed JIT-builds its shared-memory allreduce op (or, once
 built, has ninja check it) under torch's build lock: a *file* that its creator removes when
 done. A learner killed in that window (a preemption, a stage freed as it starts, `ray.kill`)
 leaves the file behind, and every later learner on the node then waits on it forever, silently:
-this hung a CI run for 80 minutes. Here the load runs under an OS lock (`flock`) on a sibling
-file, which the kernel releases when its holder dies, so the holder knows that a build lock it
-finds was left by a dead process. Builds by other programs on the node do not take the `flock`;
-one racing ours could have its lock removed, which costs a redundant compile, not a hang."""
+this hung a CI run for 80 minutes.
+
+Here a learner loads the op holding an OS lock (`flock`) on a sibling guard file, which the
+kernel releases when its holder dies, and marks the guard while it loads: the next holder that
+finds the mark knows that the learner before it died loading, and removes the build lock it
+left at once. A build lock without the mark is another program's (a benchmark's venv builds in
+the same folder): it is waited for, and removed only once it is older than any build takes."""
 
 from __future__ import annotations
 
 import fcntl
+import time
 from pathlib import Path
 from typing import Any
+
+LOADING = "loading"
+# The op compiles in 55-80 s on 2 cores; a lock this old is a dead program's.
+STALE_AFTER_S = 600.0
 
 
 def _shm_op() -> tuple[Any, Path] | None:
@@ -37,6 +46,34 @@ def build_lock() -> Path | None:
     return op[1] / "lock" if op else None
 
 
+def _age_s(path: Path) -> float | None:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def clear_build_lock(lock: Path, left_by_a_learner: bool) -> None:
+    """Remove ``lock`` if a learner that died loading the op left it; wait for another
+    program's, and remove it once it is older than STALE_AFTER_S."""
+    if left_by_a_learner and lock.exists():
+        print(f"removing {lock}: left by a learner killed while it loaded the op")
+        lock.unlink(missing_ok=True)
+    told = False
+    while (age := _age_s(lock)) is not None:
+        if age > STALE_AFTER_S:
+            print(f"removing {lock}: {age:.0f} s old, left by a process killed while building")
+            lock.unlink(missing_ok=True)
+            return
+        if not told:
+            print(
+                f"waiting for {lock}: another program builds the op (stale after "
+                f"{STALE_AFTER_S:.0f} s, {age:.0f} s old now)"
+            )
+            told = True
+        time.sleep(1)
+
+
 def load_shm_op() -> None:
     """Load (building once per node) the op that ``deepspeed.init_distributed`` loads next,
     which then finds it loaded."""
@@ -44,10 +81,17 @@ def load_shm_op() -> None:
     if op is None:
         return
     builder, folder = op
-    with (folder.parent / f"{builder.NAME}.ctxpick-lock").open("w") as guard:
+    with (folder.parent / f"{builder.NAME}.ctxpick-lock").open("a+") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # released by the kernel if this process dies
-        stale = folder / "lock"
-        if stale.exists():
-            print(f"removing {stale}: a build lock left by a process killed while building")
-            stale.unlink(missing_ok=True)
+        guard.seek(0)
+        clear_build_lock(folder / "lock", left_by_a_learner=guard.read() == LOADING)
+        _mark(guard, LOADING)
         builder.load()
+        _mark(guard, "")
+
+
+def _mark(guard: Any, text: str) -> None:
+    guard.seek(0)
+    guard.truncate()
+    guard.write(text)
+    guard.flush()
