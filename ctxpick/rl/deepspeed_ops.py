@@ -11,7 +11,9 @@ Here a learner loads the op holding an OS lock (`flock`) on a sibling guard file
 kernel releases when its holder dies, and marks the guard while it loads: the next holder that
 finds the mark knows that the learner before it died loading, and removes the build lock it
 left at once. A build lock without the mark is another program's (a benchmark's venv builds in
-the same folder): it is waited for, and removed only once it is older than any build takes."""
+the same folder): it is waited for, and removed only once it is older than any build takes. One
+such program may still take the lock between that check and the load, which then waits for it
+as torch does: without a limit, should that program die holding it."""
 
 from __future__ import annotations
 
@@ -86,8 +88,10 @@ def load_shm_op() -> None:
         guard.seek(0)
         clear_build_lock(folder / "lock", left_by_a_learner=guard.read() == LOADING)
         _mark(guard, LOADING)
-        builder.load()
-        _mark(guard, "")
+        try:
+            builder.load()
+        finally:  # a load that raised released torch's lock as it unwound: only death leaves it
+            _mark(guard, "")
 
 
 def _mark(guard: Any, text: str) -> None:
