@@ -7,9 +7,9 @@ done. A learner killed in that window (a preemption, a stage freed as it starts,
 leaves the file behind, and every later learner on the node then waits on it forever, silently:
 this hung a CI run for 80 minutes.
 
-Here a learner loads the op holding an OS lock (`flock`) on a sibling guard file, which the
-kernel releases when its holder dies, and marks the guard while it loads: the next holder that
-finds the mark knows that the learner before it died loading, and removes the build lock it
+Here a learner loads the op holding an OS lock (`filelock`'s flock) beside it, which the
+kernel releases when its holder dies, and leaves a marker file while it loads: the next holder
+that finds one knows that the learner before it died loading, and removes the build lock it
 left at once. A build lock without the mark is another program's (a benchmark's venv builds in
 the same folder): it is waited for, and removed only once it is older than any build takes. One
 such program may still take the lock between that check and the load, which then waits for it
@@ -17,12 +17,12 @@ as torch does: without a limit, should that program die holding it."""
 
 from __future__ import annotations
 
-import fcntl
 import time
 from pathlib import Path
 from typing import Any
 
-LOADING = "loading"
+from filelock import FileLock
+
 # The op compiles in 55-80 s on 2 cores; a lock this old is a dead program's.
 STALE_AFTER_S = 600.0
 
@@ -83,19 +83,11 @@ def load_shm_op() -> None:
     if op is None:
         return
     builder, folder = op
-    with (folder.parent / f"{builder.NAME}.ctxpick-lock").open("a+") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)  # released by the kernel if this process dies
-        guard.seek(0)
-        clear_build_lock(folder / "lock", left_by_a_learner=guard.read() == LOADING)
-        _mark(guard, LOADING)
+    loading = folder.parent / f"{builder.NAME}.ctxpick-loading"
+    with FileLock(f"{loading}.lock"):  # an flock: the kernel releases it if this process dies
+        clear_build_lock(folder / "lock", left_by_a_learner=loading.exists())
+        loading.touch()
         try:
             builder.load()
         finally:  # a load that raised released torch's lock as it unwound: only death leaves it
-            _mark(guard, "")
-
-
-def _mark(guard: Any, text: str) -> None:
-    guard.seek(0)
-    guard.truncate()
-    guard.write(text)
-    guard.flush()
+            loading.unlink()
