@@ -37,7 +37,7 @@ def pytest_report_header(config):
     return (
         f"disk: {free:.1f} GiB free under {tempfile.gettempdir()}; the suite needs about 6.2 GiB "
         "more at its peak, in the main job's test (its three stages' full-weight checkpoints; "
-        "measured on 2026-12-05 by benchmarks/disk_peaks.py, which also gives each test's)"
+        "measured on 2026-12-05 by benchmarks/resource_peaks.py, which also gives each test's)"
     )
 
 
@@ -63,9 +63,11 @@ def ray_cluster():
     cluster.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine_actor(ray_cluster):
-    """One real vLLM engine (built-in SmolLM2) in a Ray actor, shared by every test."""
+    """One real vLLM engine (built-in SmolLM2) in a Ray actor, shared by a module's tests.
+    Not by the session's: held to its end, its ~3.6 GB beside the training tests' actors
+    pushed a 24-GiB machine past Ray's memory limit (CI on 84e4b55)."""
     import ray
 
     from ctxpick.engines.vllm_engine import start_engine_actor
