@@ -4,12 +4,13 @@ state) and 24 GiB of memory (Ray kills a worker past 95% of it, and the actors o
 side by side come near that).
 
 It samples, once a second, the used bytes of the file system holding pytest's temporary
-folders and the machine's used memory (MemTotal - MemAvailable: what Ray's monitor counts,
-page cache aside). After each test it appends one line to the log: for each, the test's start,
-peak and end, in GiB, and its node id. At the end it prints the tests whose peak or end differs
-from their start by more than 0.3 GiB of disk or 2 GiB of memory, and the run's peak of each
-above its start (the disk the suite needs free, the set-up's venv and models aside) and in all
-(the memory). Other processes on the machine count too: run it on a quiet machine.
+folders and the machine's used memory (MemTotal - MemAvailable: what Ray's monitor counts
+where no cgroup limit is tighter, page cache aside). After each test it appends one line to
+the log: for each, the test's start, peak and end, in GiB, and its node id. At the end it
+prints the tests whose peak or end differs from their start by more than 0.3 GiB of disk or
+2 GiB of memory, and the run's peak of each above its start (the disk the suite needs free,
+the set-up's venv and models aside) and in all (the memory). Other processes on the machine
+count too: run it on a quiet machine.
 
 Run: PYTHONPATH=benchmarks .venv/bin/pytest -p resource_peaks  (RESOURCE_PEAKS_LOG, default
 outputs/resource_peaks.log, names the log; it is appended to, each run after a line of its own)

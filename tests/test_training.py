@@ -155,6 +155,7 @@ def test_resume_continues_with_the_same_batches_and_weights(ray_cluster, root, c
             if resume_at == 2:
                 final = train(cfg, run=own)
                 own.shutdown()
+                capsys.readouterr()  # the restart lines asserted below are the victim's alone
             else:
                 victim = Run(cfg)  # train() replaces it after the kill
                 _kill_after_checkpoint(victim.learners.actors[0], folder, 2)
@@ -363,7 +364,7 @@ def test_lora_rollouts_serve_the_learners_adapter_and_a_resume_resyncs_it(
 ):
     """rl.lora_sync=adapter: the engines keep the base model and take only the adapter at each
     sync -- merged into their weights, or served by vLLM's LoRA support -- yet sample from the
-    learner's policy within the full-weight sync's tolerance (the test above); final/ holds
+    learner's policy within the full-weight sync's tolerance (the log-prob test); final/ holds
     the merged weights and the adapter alone; a stage resumed into fresh actors serves the
     checkpoint's adapter, not the base model. The resume is checked once, under CPU's default
     (merge): a resume's sync is the same call as the first sync into fresh engines, which
