@@ -20,13 +20,10 @@ def run_demo(cfg: Config, overrides: list[str]) -> Path | None:
     """``overrides``: the command line's, so every phase sees the same experiment. Returns the
     evaluation report (None with ``demo.evaluate=false``)."""
     root, t0, demo = Path(cfg.output_dir).resolve(), time.time(), cfg.demo
-    stages = demo.stages or {"stage1": ["stage=stage1"], "stage2": ["stage=stage2"]}
-    phases = len(stages) + 2
     # An ablation (conf/ablation/) trains on another run's data and may reuse its stages.
     data_root = Path(demo.from_run).resolve() if demo.from_run else root
-    mined = warmup_mined = data_root / "mine" / "mined.jsonl"
-    if demo.warmup_data:
-        warmup_mined = data_root / "warmup_data" / "mined.jsonl"
+    configs = stage_configs(cfg, overrides, root, data_root)
+    phases = len(configs) + 2
     if demo.from_run:
         print(f"== [1/{phases}] data from {data_root} ==", flush=True)
     else:
@@ -39,36 +36,21 @@ def run_demo(cfg: Config, overrides: list[str]) -> Path | None:
             print(f"== [1/{phases}] no mining: every stage trains on the warm-start data ==")
         if demo.warmup_data:
             print("== warm-start data ==", flush=True)
-            folder = warmup_mined.parent
-            run_mining(compose([*overrides, *demo.warmup_data, f"output_dir={folder}"]))
+            run_mining(warmup_data_config(cfg, overrides, data_root))
 
-    previous, trained, metrics = None, {}, {}
-    for i, (name, stage_overrides) in enumerate(stages.items(), 2):
-        if name in demo.skip:
-            continue
-        chain = [f"stage.init_from={previous}"] if previous else []
-        stage_cfg = compose(
-            [
-                *overrides,
-                *stage_overrides,
-                *demo.stage_overrides,
-                *chain,
-                f"output_dir={root / name}",
-            ]
-        )
+    trained, metrics = {}, {}
+    for i, (name, stage_cfg) in enumerate(configs.items(), 2):
         if name in demo.reuse:
-            previous = str(data_root / name / "final")
-            print(f"== [{i}/{phases}] {name}: reused from {previous} ==", flush=True)
+            final = data_root / name / "final"
+            print(f"== [{i}/{phases}] {name}: reused from {final} ==", flush=True)
         else:
             print(
                 f"== [{i}/{phases}] training: {name} ({time.time() - t0:.0f}s so far) ==",
                 flush=True,
             )
-            sft = stage_cfg.stage.kind == "sft"
-            data = warmup_mined if sft or demo.rl_data == "warmup_data" else mined
-            previous = str(train(replace(stage_cfg, rl=replace(stage_cfg.rl, mined=str(data)))))
+            final = train(stage_cfg)
             metrics[name] = root / name / "metrics.jsonl"
-        trained[name] = (previous, stage_cfg.stage.kind)
+        trained[name] = (str(final), stage_cfg.stage.kind)
     # The warm start is a picker worth comparing only as the last stage (warm start only).
     last = list(trained)[-1]
     pickers = {n: p for n, (p, kind) in trained.items() if kind == "grpo" or n == last}
@@ -89,6 +71,35 @@ def run_demo(cfg: Config, overrides: list[str]) -> Path | None:
     print(f"evaluation report: {report}\nall outputs: {root}")
     print(f"main job finished in {time.time() - t0:.0f}s", flush=True)
     return report
+
+
+def warmup_data_config(cfg: Config, overrides: list[str], data_root: Path) -> Config:
+    """The mining that writes the warm start's records (``demo.warmup_data``)."""
+    folder = data_root / "warmup_data"
+    return compose([*overrides, *cfg.demo.warmup_data, f"output_dir={folder}"])
+
+
+def stage_configs(
+    cfg: Config, overrides: list[str], root: Path, data_root: Path
+) -> dict[str, Config]:
+    """Each stage's config, in order, skipped ones left out: the command line's overrides,
+    then the stage's own, then ``demo.stage_overrides``, each stage from the ``final/`` of the
+    one before (a reused one's in ``data_root``), on the records its kind trains on."""
+    demo, configs, previous = cfg.demo, {}, None
+    stages = demo.stages or {"stage1": ["stage=stage1"], "stage2": ["stage=stage2"]}
+    for name, own in stages.items():
+        if name in demo.skip:
+            continue
+        chain = [f"stage.init_from={previous}"] if previous else []
+        stage_cfg = compose(
+            [*overrides, *own, *demo.stage_overrides, *chain, f"output_dir={root / name}"]
+        )
+        own_data = stage_cfg.stage.kind == "sft" or demo.rl_data == "warmup_data"
+        folder = "warmup_data" if own_data and demo.warmup_data else "mine"
+        mined = str(data_root / folder / "mined.jsonl")
+        configs[name] = replace(stage_cfg, rl=replace(stage_cfg.rl, mined=mined))
+        previous = (data_root if name in demo.reuse else root) / name / "final"
+    return configs
 
 
 def eval_config(cfg: Config, overrides: list[str], out: Path, pickers: dict[str, str]) -> Config:

@@ -138,3 +138,83 @@ def test_the_crossenc_recipe_trains_on_the_crossenc_retrieval_groups_pool():
     spec = picker_spec(compose(["experiment=cpu_quality", "ablation=qwen_lora_crossenc"]))
     assert spec.pool["retriever"] == "crossenc"
     assert not spec.pool_mismatch(inference_pool(compose(["retrieval=crossenc"])))
+
+
+def _card_blocks(card):
+    """The model card's bash blocks: the one command, then the same run step by step."""
+    import re
+
+    blocks = re.findall(r"```bash\n(.*?)```", card, re.S)
+    assert len(blocks) >= 2, "the card's one command and its steps are its first two bash blocks"
+    return blocks
+
+
+def _card_commands(block):
+    """The ``ctxpick mine``/``ctxpick train`` commands of a bash block, each as (subcommand,
+    overrides), its shell variables expanded as bash would."""
+    import re
+    import shlex
+
+    words, commands = {}, []
+    for line in block.replace("\\\n", " ").splitlines():
+        if m := re.fullmatch(r"(\w+)=\((.*)\)", line):
+            words[m[1]] = shlex.split(m[2])
+        elif m := re.fullmatch(r"(\w+)=(\S+)", line):
+            words[m[1]] = [m[2]]
+        elif line.startswith("ctxpick "):
+            argv = []
+            for word in shlex.split(line):
+                if m := re.fullmatch(r'"?\$\{?(\w+)(\[@\])?\}?"?', word):
+                    argv += words[m[1]]
+                else:
+                    argv.append(word)
+            commands.append((argv[1], argv[2:]))
+    return commands
+
+
+def test_the_shipped_pickers_one_command_trains_as_its_cards_steps(tmp_path, monkeypatch):
+    """The model card rebuilds `ctxpick-picker-0.5b` with one command (the main job on
+    `ablation=ctxpick_picker_0_5b`) and lists the step-by-step commands it was trained with:
+    the two write the same data and train each stage with the same configuration into the same
+    folders, so either resumes the other, and the picker they train reads as the shipped one
+    (its prompt, passage cut and pool)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ctxpick.config import DemoConfig, picker_spec
+    from ctxpick.picker.shipped import SHIPPED
+    from ctxpick.picker.spec import PickerSpec
+    from ctxpick.pipeline import stage_configs, warmup_data_config
+
+    def same(a, b):
+        """Equal but for the folder written (compared apart) and the main job's own keys."""
+        return replace(a, output_dir="", demo=DemoConfig()) == replace(
+            b, output_dir="", demo=DemoConfig()
+        )
+
+    shipped = SHIPPED["ctxpick-picker-0.5b"].folder
+    monkeypatch.chdir(tmp_path)
+    card = (shipped / "MODEL_CARD.md").read_text().replace("$(pwd -P)", str(tmp_path))
+    one, by_steps = _card_blocks(card)[:2]
+    one = one.split()
+    assert one[:2] == ["ctxpick", "demo"] and len(one) == 5
+    cfg = compose(one[2:])
+    root = Path(cfg.output_dir).resolve()
+    stages = stage_configs(cfg, one[2:], root, root)
+    steps = _card_commands(by_steps)
+    assert [cmd for cmd, _ in steps] == ["mine", "train", "train"]
+
+    data, by_hand = warmup_data_config(cfg, one[2:], root), compose(steps[0][1])
+    assert Path(by_hand.output_dir).resolve() == Path(data.output_dir)
+    # Mining reads no rl.mined (its default follows output_dir, named relative here).
+    unset = [replace(c, rl=replace(c.rl, mined="")) for c in (by_hand, data)]
+    assert same(*unset) and by_hand.mining.max_questions is None
+    assert list(stages) == ["warmup", "stage1"]
+    for (_, overrides), (name, stage_cfg) in zip(steps[1:], stages.items(), strict=True):
+        by_hand = compose(overrides)
+        assert Path(by_hand.output_dir).resolve() == root / name
+        assert same(by_hand, stage_cfg) and by_hand.seed == 2
+    assert stages["stage1"].stage.init_from == str(root / "warmup" / "final")
+    assert stages["stage1"].rl.mined == str(root / "warmup_data" / "mined.jsonl")
+    spec = picker_spec(stages["stage1"])
+    assert replace(spec, constrained=True) == PickerSpec.load(shipped)

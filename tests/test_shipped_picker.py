@@ -208,6 +208,14 @@ def test_models_list_names_the_shipped_pickers(chain, registry, capsys):
         main(["models", "ship", str(chain[0]), "--name", "tiny", "--base", BASE])
 
 
+def test_every_shipped_picker_has_the_files_it_pins():
+    """What the package holds is what the registry pins, the model card included: a card
+    edited without its pin re-recorded would stop every loader of the default picker."""
+    assert shipped.DEFAULT_PICKER in shipped.SHIPPED
+    for picker in shipped.SHIPPED.values():
+        shipped.check_shipped(picker)
+
+
 def test_a_rank_cut_is_the_best_approximation_of_the_joined_delta():
     """``ctxpick models ship --max-rank``: each weight's delta becomes its best approximation
     of that rank (Eckart-Young), and the error reported is the one made."""

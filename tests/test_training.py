@@ -73,14 +73,37 @@ def tiny(root, name, *overrides):
     )
 
 
+_SHARED: list[Run] = []  # the module's shared actors, once started
+
+
 @pytest.fixture(scope="module")
 def run(ray_cluster, root):
     """The module's shared actors. The tests that start actors of their own come first in the
     file, before these start, so one stage's actors are held at a time: the shared ones, idle
-    beside a test's restarts, pushed CI's 24-GiB machine past Ray's memory limit (84e4b55)."""
+    beside a test's restarts, pushed CI's 24-GiB machine past Ray's memory limit (84e4b55).
+    `_one_stage_at_a_time` holds a test to that order."""
     run = Run(tiny(root, "shared"))
+    _SHARED.append(run)
     yield run
+    _SHARED.clear()
     run.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _one_stage_at_a_time(monkeypatch):
+    """A stage's actors started while the shared ones are up fail the test as they start,
+    naming the fix, instead of pushing the module towards Ray's memory limit."""
+    start = Run.__init__
+
+    def guarded(self, cfg):
+        if _SHARED:
+            raise AssertionError(
+                "this test starts a stage's actors while the module's shared `run` holds "
+                "its own: move it before the first test that takes `run` (see `run`)"
+            )
+        start(self, cfg)
+
+    monkeypatch.setattr(Run, "__init__", guarded)
 
 
 def _checksum(folder):

@@ -82,12 +82,10 @@ def write_human_gold(pools: list[Pool], path: Path, cfg: Config) -> dict[str, di
     return done
 
 
-def check_settings(cfg: Config, out: Path) -> None:
-    """Record what the records in ``out`` are mined with; refuse to add records mined with
-    other settings (they would be mixed in silently). More questions (data, max_questions)
-    are fine: each record depends only on its question and these settings."""
+def mining_settings(cfg: Config) -> dict[str, Any]:
+    """What a mined record depends on besides its question."""
     local_generator = cfg.mining.miner != "human" and cfg.model.backend == "vllm"
-    settings = {
+    return {
         "model": cfg.model.name if cfg.mining.miner != "human" else None,
         # What our vLLM generator computes in: bf16 and float32 records are not mixed.
         "dtype": cfg.model.engine.compute_dtype() if local_generator else None,
@@ -100,10 +98,18 @@ def check_settings(cfg: Config, out: Path) -> None:
         "generator": asdict(cfg.generator),
         "seed": cfg.seed,
     }
+
+
+def check_settings(cfg: Config, out: Path) -> None:
+    """Record what the records in ``out`` are mined with; refuse to add records mined with
+    other settings (they would be mixed in silently). More questions (data, max_questions)
+    are fine: each record depends only on its question and these settings."""
+    settings = mining_settings(cfg)
     path = out / "settings.json"
     old = json.loads(path.read_text()) if path.exists() else settings
-    # Recorded before the dtype was: a local generator then always computed in bf16.
-    old.setdefault("dtype", "bfloat16" if old.get("model") and local_generator else None)
+    # Recorded before the dtype was: a local generator (one whose dtype is recorded now)
+    # then always computed in bf16.
+    old.setdefault("dtype", "bfloat16" if old.get("model") and settings["dtype"] else None)
     if changed := sorted(k for k in settings if old.get(k) != settings[k]):
         raise ConfigError(
             f"{out} holds records mined with other settings ({', '.join(changed)} differ; see "
