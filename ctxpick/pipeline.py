@@ -94,8 +94,8 @@ def stage_configs(
         stage_cfg = compose(
             [*overrides, *own, *demo.stage_overrides, *chain, f"output_dir={root / name}"]
         )
-        own_data = stage_cfg.stage.kind == "sft" or demo.rl_data == "warmup_data"
-        folder = "warmup_data" if own_data and demo.warmup_data else "mine"
+        warm_records = stage_cfg.stage.kind == "sft" or demo.rl_data == "warmup_data"
+        folder = "warmup_data" if warm_records and demo.warmup_data else "mine"
         mined = str(data_root / folder / "mined.jsonl")
         configs[name] = replace(stage_cfg, rl=replace(stage_cfg.rl, mined=mined))
         previous = (data_root if name in demo.reuse else root) / name / "final"

@@ -99,7 +99,8 @@ def _one_stage_at_a_time(monkeypatch):
         if _SHARED:
             raise AssertionError(
                 "this test starts a stage's actors while the module's shared `run` holds "
-                "its own: move it before the first test that takes `run` (see `run`)"
+                "its own: move it before the first test that takes `run` (see `run`); or a "
+                "restart after an actor's death in a test on the shared `run`"
             )
         start(self, cfg)
 
