@@ -140,36 +140,22 @@ def test_the_crossenc_recipe_trains_on_the_crossenc_retrieval_groups_pool():
     assert not spec.pool_mismatch(inference_pool(compose(["retrieval=crossenc"])))
 
 
-def _card_blocks(card):
-    """The model card's bash blocks: the one command, then the same run step by step."""
+def _card_commands(card, cwd):
+    """The ``ctxpick`` commands of the model card's bash blocks (the one command, then the same
+    run step by step), each as (subcommand, overrides): bash itself runs each block in ``cwd``
+    and expands it, with ``ctxpick`` a shell function that prints its arguments."""
     import re
 
     blocks = re.findall(r"```bash\n(.*?)```", card, re.S)
     assert len(blocks) >= 2, "the card's one command and its steps are its first two bash blocks"
-    return blocks
-
-
-def _card_commands(block):
-    """The ``ctxpick mine``/``ctxpick train`` commands of a bash block, each as (subcommand,
-    overrides), its shell variables expanded as bash would."""
-    import re
-    import shlex
-
-    words, commands = {}, []
-    for line in block.replace("\\\n", " ").splitlines():
-        if m := re.fullmatch(r"(\w+)=\((.*)\)", line):
-            words[m[1]] = shlex.split(m[2])
-        elif m := re.fullmatch(r"(\w+)=(\S+)", line):
-            words[m[1]] = [m[2]]
-        elif line.startswith("ctxpick "):
-            argv = []
-            for word in shlex.split(line):
-                if m := re.fullmatch(r'"?\$\{?(\w+)(\[@\])?\}?"?', word):
-                    argv += words[m[1]]
-                else:
-                    argv.append(word)
-            commands.append((argv[1], argv[2:]))
-    return commands
+    echo = "ctxpick() { printf '%s\\0' \"$@\"; printf '\\n'; }\n"
+    runs = [
+        subprocess.run(
+            ["bash", "-euc", echo + block], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        for block in blocks[:2]
+    ]
+    return [[(line.split("\0")[0], line.split("\0")[1:-1]) for line in run] for run in runs]
 
 
 def test_the_shipped_pickers_one_command_trains_as_its_cards_steps(tmp_path, monkeypatch):
@@ -194,17 +180,14 @@ def test_the_shipped_pickers_one_command_trains_as_its_cards_steps(tmp_path, mon
 
     shipped = SHIPPED["ctxpick-picker-0.5b"].folder
     monkeypatch.chdir(tmp_path)
-    card = (shipped / "MODEL_CARD.md").read_text().replace("$(pwd -P)", str(tmp_path))
-    one, by_steps = _card_blocks(card)[:2]
-    one = one.split()
-    assert one[:2] == ["ctxpick", "demo"] and len(one) == 5
-    cfg = compose(one[2:])
+    [[(command, one)], steps] = _card_commands((shipped / "MODEL_CARD.md").read_text(), tmp_path)
+    assert command == "demo" and len(one) == 3
+    cfg = compose(one)
     root = Path(cfg.output_dir).resolve()
-    stages = stage_configs(cfg, one[2:], root, root)
-    steps = _card_commands(by_steps)
+    stages = stage_configs(cfg, one, root, root)
     assert [cmd for cmd, _ in steps] == ["mine", "train", "train"]
 
-    data, by_hand = warmup_data_config(cfg, one[2:], root), compose(steps[0][1])
+    data, by_hand = warmup_data_config(cfg, one, root), compose(steps[0][1])
     assert Path(by_hand.output_dir).resolve() == Path(data.output_dir)
     # Mining reads no rl.mined (its default follows output_dir, named relative here).
     unset = [replace(c, rl=replace(c.rl, mined="")) for c in (by_hand, data)]
