@@ -75,7 +75,7 @@ SHIPPED: dict[str, ShippedPicker] = {
             "c78aba8c31681d29096db9c5feb2840c18884db975cb52782824b9b1fae52439",
             "4d1ac56b0fea79b7b12ca7ba4e36687504e584d761e05e3eb8ae9ee5f40ec482",
             "21468b14045d8320e4df5becd1e869e5050760cff102fc5aadb5f610fd3d023a",
-            "eb40d3367a1874689b529c84deab0c315cd655dc8ee18937ba609381f624026c",
+            "0eb0be09ab13b05ffcaf93e1e05ab64ee28ef346033845e0a06ea5d0b504ec0f",
         ),
     ),
 }
