@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ctxpick.config import compose
+from ctxpick.data.schema import Passage
 from ctxpick.engines.models import resolve
 from ctxpick.eval.harness import retrieve
 from ctxpick.eval.methods import Retrieved
@@ -40,33 +42,57 @@ SIZES = (2, 4, 6, 8, 10, 12, 16, 20)
 RRF_K = 60  # reciprocal rank fusion's usual constant (Cormack, Clarke and Buettcher, 2009)
 
 
+def fuse(orders: Sequence[Sequence[int]]) -> np.ndarray:
+    """Reciprocal rank fusion of full orders: each passage's sum of 1 / (RRF_K + its rank),
+    ranks counted from 1."""
+    fused = np.zeros(len(orders[0]))
+    for order in orders:
+        fused[np.asarray(order)] += 1.0 / (RRF_K + 1 + np.arange(len(order)))
+    return fused
+
+
 def second_hop(dense: DenseRetriever, r: Retrieved) -> list[int]:
-    """All of ``r``'s passages in the cross-encoder's order fused with the second query's."""
+    """All of ``r``'s passages, the cross-encoder's order fused with the second query's; equal
+    sums (two passages that swap places between the orders) in the cross-encoder's order."""
     n = len(r.item.passages)
     first = r.top("crossenc", n)
     best = r.item.passages[first[0]]
     query = f"{r.item.example.question} {best.title} {best.text}"
     hop = np.argsort(-np.asarray(dense.scores(r.item, query)), kind="stable")
-    fused = np.zeros(n)
-    for order in (first, hop):
-        fused[np.asarray(order)] += 1.0 / (RRF_K + 1 + np.arange(n))
-    return [int(i) for i in np.argsort(-fused, kind="stable")]
+    place = np.empty(n, dtype=int)
+    place[np.asarray(first)] = np.arange(n)
+    return [int(i) for i in np.lexsort((place, -fuse([first, hop])))]
+
+
+def cell(
+    shown: Sequence[tuple[Sequence[str], Sequence[Passage]]], tokens: Callable[[str], int]
+) -> str:
+    """One table cell: over questions given as (gold passage ids, passages shown), the mean
+    share of gold shown / the share with all gold shown / the mean context tokens shown."""
+    recall, whole, toks = [], [], []
+    for gold_pids, passages in shown:
+        gold = set(gold_pids)
+        hit = len(gold & {p.pid for p in passages})
+        recall.append(hit / len(gold))
+        whole.append(hit == len(gold))
+        toks.append(sum(passage_tokens(tokens, passages)))
+    return f"{np.mean(recall):.0%} / {np.mean(whole):.0%} / {np.mean(toks):.0f}"
 
 
 def main(overrides: list[str]) -> None:
-    cfg = compose([*overrides, "eval.methods=[bm25,dense,crossenc]"])  # every ranking scored
+    # Naming every ranking as a method makes `retrieve` compute each one's scores.
+    cfg = compose([*overrides, "eval.methods=[bm25,dense,crossenc]"])
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)  # rejected records go there
     tokens = token_counter(resolve(cfg.eval.tokenizer or cfg.model.name))
     items = [r for r in retrieve(cfg) if r.item.gold_pids]
     dense = DenseRetriever(cfg.retrieval.pool.embedder)
-    orders = [
-        {**{x: r.top(x, len(r.item.passages)) for x in RANKINGS}, HOP: second_hop(dense, r)}
-        for r in items
-    ]
-    sizes = [k for k in SIZES if k <= cfg.retrieval.pool.rerank_n]
     by_dataset = defaultdict(list)
-    for r, order in zip(items, orders, strict=True):
+    for r in items:
+        order = {x: r.top(x, len(r.item.passages)) for x in RANKINGS}
+        order[HOP] = second_hop(dense, r)
         by_dataset[r.item.example.dataset].append((r, order))
+    # Past rerank_n the cross-encoder's order is the first stage's: its sizes stop there.
+    sizes = [k for k in SIZES if k <= cfg.retrieval.pool.rerank_n]
     print(
         f"{len(items)} training-split questions with human evidence; pool shown to pickers: "
         f"{cfg.retrieval.pool.retriever} top {cfg.retrieval.pool.k}; the cross-encoder reads "
@@ -76,17 +102,16 @@ def main(overrides: list[str]) -> None:
     print("|---|---|---|" + "---|" * len(sizes))
     for dataset, rs in sorted(by_dataset.items()):
         for ranking in (*RANKINGS, HOP):
-            cells = []
-            for k in sizes:
-                recall, whole, toks = [], [], []
-                for r, order in rs:
-                    shown = [r.item.passages[i] for i in order[ranking][:k]]
-                    gold = set(r.item.gold_pids)
-                    hit = len(gold & {p.pid for p in shown})
-                    recall.append(hit / len(gold))
-                    whole.append(hit == len(gold))
-                    toks.append(sum(passage_tokens(tokens, shown)))
-                cells.append(f"{np.mean(recall):.0%} / {np.mean(whole):.0%} / {np.mean(toks):.0f}")
+            cells = [
+                cell(
+                    [
+                        (r.item.gold_pids, [r.item.passages[i] for i in order[ranking][:k]])
+                        for r, order in rs
+                    ],
+                    tokens,
+                )
+                for k in sizes
+            ]
             print(f"| {dataset} | {len(rs)} | {ranking} | " + " | ".join(cells) + " |")
     print("cells: gold recall / questions with all gold shown / context tokens of the k shown")
 

@@ -207,7 +207,7 @@ def test_a_learner_starts_where_one_killed_while_loading_its_op_left_the_build_l
 
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from ctxpick.rl.deepspeed_ops import build_lock
+    from ctxpick.rl.deepspeed_ops import STALE_AFTER_S, build_lock
 
     lock = build_lock()
     if lock is None:
@@ -217,17 +217,20 @@ def test_a_learner_starts_where_one_killed_while_loading_its_op_left_the_build_l
     child = subprocess.run([sys.executable, "-c", KILLED_LOADING], env=env, check=False)
     assert child.returncode == -9 and lock.exists()
     AutoModelForCausalLM.from_config(LlamaConfig(**TINY_DECODER)).save_pretrained(tmp_path)
-    started = _start_learner.remote(str(tmp_path))
-    # Under STALE_AFTER_S (600 s), the wait a lock of unknown origin gets.
-    finished, _ = ray.wait([started], timeout=500)
+    started, finished = _start_learner.remote(str(tmp_path)), []
     try:
+        # Short of STALE_AFTER_S, the wait a lock of unknown origin gets: only the mark
+        # removes it in time.
+        finished, _ = ray.wait([started], timeout=STALE_AFTER_S - 100)
         assert finished, "the learner still waits on the lock its killed predecessor left"
         assert ray.get(started) != 0
         assert not lock.exists()
     finally:  # a regression must not leave the lock to the suite's later learners
-        # Only a task still waiting: force-cancelling one that just returned crashed the
+        # Only a task still waiting: force-cancelling one that had just returned crashed the
         # driver in Ray 2.60 (CI on 2151c78: task_manager.cc "Tried to complete task that was
-        # not pending"), which ended pytest with exit code 1 and no report.
+        # not pending"), which ended pytest with exit code 1 and no report. The cancel is
+        # asynchronous: the lock goes once the learner is gone, or it could take it again.
         if not finished:
             ray.cancel(started, force=True)
+            ray.wait([started], timeout=60)
         lock.unlink(missing_ok=True)
