@@ -214,7 +214,10 @@ def test_a_learner_starts_where_one_killed_while_loading_its_op_left_the_build_l
         pytest.skip("this accelerator builds no communication op")
     lock.unlink(missing_ok=True)  # one an earlier run left: the child must be the one to take it
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    child = subprocess.run([sys.executable, "-c", KILLED_LOADING], env=env, check=False)
+    # A child that blocks instead of dying fails here, not at the suite's timeout.
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_LOADING], env=env, check=False, timeout=STALE_AFTER_S
+    )
     assert child.returncode == -9 and lock.exists()
     AutoModelForCausalLM.from_config(LlamaConfig(**TINY_DECODER)).save_pretrained(tmp_path)
     started, finished = _start_learner.remote(str(tmp_path)), []
